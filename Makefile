@@ -1,0 +1,53 @@
+# pdctl's one entry point for set-up, demo, tests, lint and benchmarks.
+# Everything a fresh Debian 12 machine (as root) needs is installed here.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+APT_PACKAGES := debootstrap systemd-container iproute2 openssh-client python3-venv python3-pip util-linux
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install apt venv demo test lint bench clean
+
+install: apt venv
+
+# Packages the lab and the tests need on this machine (debootstrap, nspawn,
+# ip, ssh). Skipped when already present so re-runs stay fast and offline.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+test: install
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check pdctl tests bench scripts
+	$(BIN)/ruff format --check pdctl tests bench scripts
+	$(BIN)/mypy
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint
+
+bench: install
+	$(BIN)/python bench/run.py
+
+clean:
+	-$(BIN)/pdctl lab down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,106 @@
+"""Faults injected into a running lab host, each visible through the real tools.
+
+Hardware faults edit the host's fake-hardware state file (read live by the
+fake tools and the SGLang stand-in); the others change the host itself
+(the provider library file, the podman binary, sshd).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from pdctl.errors import InputError
+from pdctl.lab import host as lab_host
+from pdctl.lab.host import PROVIDER_LIB, HostPaths
+from pdctl.lab.state import FakeHardware, Fault, LabHost, write_hardware
+
+# kind -> what its argument is (None: takes no argument)
+KINDS: dict[str, str | None] = {
+    "nic-missing": "DEV",
+    "port-down": "DEV",
+    "provider-lib-missing": None,
+    "no-runtime": None,
+    "sshd-down": None,
+    "gpu-missing": "N",
+    "worker-unhealthy": None,
+    "clear": None,
+}
+GPU_ONLY = {"nic-missing", "port-down", "provider-lib-missing", "gpu-missing"}
+PODMAN = "/usr/bin/podman"
+PODMAN_HIDDEN = "/usr/lib/pdctl-lab-podman.hidden"
+
+
+def validate(host: LabHost, kind: str, arg: str | None) -> Fault:
+    if kind not in KINDS:
+        raise InputError(f"unknown fault kind {kind!r}", hint=f"one of: {', '.join(KINDS)}")
+    wants = KINDS[kind]
+    if wants is None and arg is not None:
+        raise InputError(f"fault {kind} takes no argument (got {arg!r})")
+    if wants is not None and arg is None:
+        raise InputError(
+            f"fault {kind} needs {wants}", hint=f"pdctl lab fault {host.name} {kind} {wants}"
+        )
+    if kind in GPU_ONLY and host.kind != "gpu":
+        raise InputError(
+            f"lab host {host.name} is a CPU host: it has no GPUs or RDMA NICs to break"
+        )
+    if wants == "DEV" and not (arg and re.fullmatch(r"bnxt_re[0-7]", arg)):
+        raise InputError(
+            f"{kind}: no RDMA device {arg!r} on {host.name}", hint="bnxt_re0 .. bnxt_re7"
+        )
+    if wants == "N" and not (arg and arg.isdigit() and int(arg) < host.gpus):
+        raise InputError(f"{kind}: no GPU {arg!r} on {host.name}", hint=f"0 .. {host.gpus - 1}")
+    return Fault(kind=kind, arg=arg)
+
+
+def apply(host: LabHost, paths: HostPaths, fault: Fault) -> None:
+    hardware = FakeHardware.model_validate_json(paths.hardware.read_text())
+    if fault.kind == "clear":
+        _clear(host, paths, hardware)
+        return
+    edit: dict[str, Callable[[], None]] = {
+        "nic-missing": lambda: _add(hardware.missing_nics, fault.arg),
+        "port-down": lambda: _add(hardware.down_ports, fault.arg),
+        "gpu-missing": lambda: _gpu_missing(paths, hardware, int(fault.arg or 0)),
+        "worker-unhealthy": lambda: setattr(hardware, "worker_unhealthy", True),
+        "provider-lib-missing": lambda: (paths.libibverbs / PROVIDER_LIB).unlink(missing_ok=True),
+        "no-runtime": lambda: _hide_podman(host),
+        "sshd-down": lambda: _stop_sshd(host),
+    }
+    edit[fault.kind]()
+    write_hardware(paths.hardware, hardware)
+
+
+def _add(items: list[str], item: str | None) -> None:
+    if item and item not in items:
+        items.append(item)
+
+
+def _gpu_missing(paths: HostPaths, hardware: FakeHardware, gpu: int) -> None:
+    if gpu not in hardware.missing_gpus:
+        hardware.missing_gpus.append(gpu)
+    lab_host.render_node(paths, gpu).unlink(missing_ok=True)
+    (paths.dev / "dri" / f"card{gpu}").unlink(missing_ok=True)
+
+
+def _hide_podman(host: LabHost) -> None:
+    lab_host.exec_in(host, ["sh", "-c", f"[ ! -e {PODMAN} ] || mv {PODMAN} {PODMAN_HIDDEN}"])
+
+
+def _stop_sshd(host: LabHost) -> None:
+    lab_host.exec_in(host, ["systemctl", "stop", "ssh.socket", "ssh.service"])
+
+
+def _clear(host: LabHost, paths: HostPaths, hardware: FakeHardware) -> None:
+    fresh = FakeHardware(
+        host_index=hardware.host_index,
+        gpus=hardware.gpus,
+        nics=hardware.nics,
+        worker_warmup_secs=hardware.worker_warmup_secs,
+    )
+    write_hardware(paths.hardware, fresh)
+    if host.kind == "gpu":
+        lab_host.prepare_hardware(host, paths)
+    lab_host.exec_in(host, ["sh", "-c", f"[ ! -e {PODMAN_HIDDEN} ] || mv {PODMAN_HIDDEN} {PODMAN}"])
+    lab_host.exec_in(host, ["systemctl", "start", "ssh.service"])

@@ -1,0 +1,293 @@
+"""The lab's service functions: up, status, fault, down (the CLI calls only these)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pdctl.errors import InputError, NotFound, PdctlError
+from pdctl.lab import faults, image, network, registry, rootfs, state, wheelhouse
+from pdctl.lab import host as lab_host
+from pdctl.lab.host import SHARE_MOUNT, HostPaths, Shared
+from pdctl.lab.state import Fault, HostKind, LabHost, LabState
+from pdctl.lab.system import require_programs, require_root, run
+from pdctl.workspace import Workspace
+
+Progress = Callable[[str], None]
+MAX_HOSTS = 200
+BOOT_TIMEOUT = 180.0
+# More hosts than this exhaust the default inotify instances (cgroup watches).
+INOTIFY_HOSTS = 20
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+WORKER_SOURCE = Path(__file__).parent / "worker" / "sglang"
+FAKES_SOURCE = Path(__file__).parent / "fakes"
+
+
+class Lab:
+    """The lab of one workspace: its files under ``.pdctl/lab``."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.dir = workspace.lab
+        self.state_file = self.dir / "lab.json"
+        self.key = self.dir / "id_ed25519"
+
+    def load(self) -> LabState | None:
+        return state.load(self.state_file)
+
+    def save(self, lab: LabState) -> None:
+        state.save(self.state_file, lab)
+
+    def paths(self, host: LabHost) -> HostPaths:
+        return HostPaths(self.dir / "hosts" / host.name)
+
+    def ensure_key(self) -> str:
+        if not self.key.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "pdctl-lab",
+                    "-f",
+                    str(self.key),
+                ]
+            )
+        return self.key.with_suffix(".pub").read_text()
+
+
+def _desired(hosts: int, cpu_hosts: int, subnet: str) -> list[LabHost]:
+    kinds: list[HostKind] = ["cpu" if i < cpu_hosts else "gpu" for i in range(hosts)]
+    return [
+        LabHost(name=f"node{i + 1}", index=i + 1, kind=kind, address=f"{subnet}.{10 + i + 1}")
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> dict[str, Any]:
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise InputError(f"--hosts must be between 1 and {MAX_HOSTS} (got {hosts})")
+    if not 0 <= cpu_hosts <= hosts:
+        raise InputError(f"--cpu-hosts must be between 0 and --hosts ({hosts}); got {cpu_hosts}")
+    require_root("pdctl lab up")
+    require_programs()
+    lab = Lab(workspace)
+    public_key = lab.ensure_key()
+    base = rootfs.ensure_rootfs(progress)
+    shared = Shared(
+        rootfs=base,
+        fakes=FAKES_SOURCE,
+        image_archive=image.ensure_image(base, WORKER_SOURCE),
+        wheelhouse=wheelhouse.ensure_wheelhouse(progress),
+        public_key=public_key,
+    )
+    with registry.locked():
+        current = _claim(lab, str(base))
+        desired = _desired(hosts, cpu_hosts, current.subnet)
+        network.ensure_bridge(current)
+        _tune_inotify(current, hosts)
+        booting = _converge_hosts(lab, current, desired, shared, progress)
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    for host in booting:
+        progress(f"waiting for {host.name} to boot")
+        lab_host.wait_ssh(host, lab.paths(host), deadline)
+    _load_worker_image(current, shared, progress)
+    return status(workspace)
+
+
+def _claim(lab: Lab, base: str) -> LabState:
+    """This workspace's lab state, with a lab id held; stale labs swept first."""
+    for lab_id in registry.claimed_ids():
+        owner = registry.owner(lab_id)
+        other = state.load(owner / "lab.json") if owner else None
+        if other is None or not any(lab_host.has_process(h) for h in other.hosts):
+            _sweep(owner or Path("/nonexistent"), other, lab_id)
+            registry.release(lab_id)
+    mine = lab.load()
+    if mine is not None and registry.owner(mine.lab_id) not in {None, lab.dir}:
+        mine = None  # our old id went to another workspace: start afresh
+    if mine is None:
+        mine = LabState(lab_id=registry.free_id(set()))
+    registry.claim(mine.lab_id, lab.dir)
+    mine.rootfs = base
+    lab.save(mine)
+    return mine
+
+
+def _sweep(lab_dir: Path, lab: LabState | None, lab_id: int) -> None:
+    """Remove what a lab made, from its records and by its naming pattern."""
+    known = lab or LabState(lab_id=lab_id)
+    for host in known.hosts:
+        lab_host.stop(known, host, HostPaths(lab_dir / "hosts" / host.name))
+    hosts_dir = lab_dir / "hosts"
+    if hosts_dir.is_dir():
+        for leftover in hosts_dir.iterdir():
+            root = leftover / "root"
+            if root.is_mount():
+                run(["umount", "-l", str(root)], check=False)
+            shutil.rmtree(leftover, ignore_errors=True)
+    for veth in network.stray_links(lab_id):
+        run(["ip", "link", "del", veth], check=False)
+    for ns in network.stray_netns(lab_id):
+        run(["ip", "netns", "del", ns], check=False)
+    network.delete_bridge(known)
+    lab_host.remove_cgroup(known.cgroup())
+    if lab is not None:
+        _restore_inotify(lab)
+        lab.hosts = []
+        with contextlib.suppress(OSError):
+            state.save(lab_dir / "lab.json", lab)
+
+
+def _converge_hosts(
+    lab: Lab, current: LabState, desired: list[LabHost], shared: Shared, progress: Progress
+) -> list[LabHost]:
+    wanted = {(h.name, h.kind) for h in desired}
+    for host in list(current.hosts):
+        if (host.name, host.kind) not in wanted or not lab_host.is_running(host):
+            progress(f"removing {host.name}")
+            lab_host.stop(current, host, lab.paths(host))
+            current.hosts.remove(host)
+            lab.save(current)
+    have = {h.name for h in current.hosts}
+    booting = [h for h in desired if h.name not in have]
+    current.hosts = sorted([*current.hosts, *booting], key=lambda h: h.index)
+    lab.save(current)  # recorded before anything is made, so a crash leaves a trail to clean
+    for host in booting:
+        progress(f"starting {host.name} ({host.kind}, {host.address})")
+        lab_host.prepare(current, host, lab.paths(host), shared)
+        lab_host.boot(current, host, lab.paths(host), shared)
+        lab.save(current)
+    return booting
+
+
+def _tune_inotify(lab: LabState, hosts: int) -> None:
+    if hosts <= INOTIFY_HOSTS or lab.inotify_restore is not None:
+        return
+    lab.inotify_restore = int(INOTIFY_SYSCTL.read_text())
+    INOTIFY_SYSCTL.write_text(str(max(4096, lab.inotify_restore)))
+
+
+def _restore_inotify(lab: LabState) -> None:
+    if lab.inotify_restore is not None:
+        with contextlib.suppress(OSError):
+            INOTIFY_SYSCTL.write_text(str(lab.inotify_restore))
+        lab.inotify_restore = None
+
+
+def _load_worker_image(lab: LabState, shared: Shared, progress: Progress) -> None:
+    archive = f"{SHARE_MOUNT}/images/{shared.image_archive.name}"
+
+    def load(host: LabHost) -> None:
+        exists = lab_host.exec_in(
+            host, ["podman", "image", "exists", image.WORKER_IMAGE], check=False
+        )
+        if exists.returncode != 0:
+            lab_host.exec_in(host, ["podman", "load", "--quiet", "--input", archive], timeout=300)
+
+    gpu_hosts = [h for h in lab.hosts if h.kind == "gpu"]
+    if gpu_hosts:
+        progress(f"loading the worker image into {len(gpu_hosts)} host(s)")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(load, gpu_hosts))
+
+
+def status(workspace: Workspace) -> dict[str, Any]:
+    lab = Lab(workspace)
+    current = lab.load()
+    hosts = current.hosts if current else []
+    doc_hosts = [
+        {
+            "name": h.name,
+            "address": h.address,
+            "port": 22,
+            "user": rootfs.SUDO_USER,
+            "identity_file": str(lab.key),
+            "gpus": h.gpus,
+            "kind": h.kind,
+            "state": "running" if lab_host.is_running(h) else "stopped",
+            "faults": [f.label() for f in h.faults],
+        }
+        for h in hosts
+    ]
+    return {
+        "hosts": doc_hosts,
+        "worker_image": image.WORKER_IMAGE,
+        "worker_images": [f"{image.REPOSITORY}:{tag}" for tag in image.TAGS],
+        "wheelhouse": f"{SHARE_MOUNT}/wheelhouse",
+        "fleet_add": fleet_add_line(lab, hosts) if hosts else None,
+    }
+
+
+def fleet_add_line(lab: Lab, hosts: list[LabHost]) -> str:
+    host_args = " ".join(f"--host {rootfs.SUDO_USER}@{h.address}" for h in hosts)
+    return f"pdctl fleet add lab --identity-file {lab.key} {host_args}"
+
+
+def running_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:
+    lab = Lab(workspace)
+    current = lab.load()
+    host = current.host(name) if current else None
+    if current is None or host is None:
+        known = ", ".join(h.name for h in current.hosts) if current else "none (no lab here)"
+        raise NotFound(f"no lab host named {name!r}", hint=f"lab hosts: {known}")
+    if not lab_host.is_running(host):
+        raise PdctlError(f"lab host {name} is not running", hint="run `pdctl lab up` again")
+    return lab, current, host
+
+
+def fault(workspace: Workspace, name: str, kind: str, arg: str | None) -> dict[str, Any]:
+    require_root("pdctl lab fault")
+    lab, current, host = running_host(workspace, name)
+    chosen = faults.validate(host, kind, arg)
+    faults.apply(host, lab.paths(host), chosen)
+    if chosen.kind == "clear":
+        host.faults = []
+    elif chosen not in host.faults:
+        host.faults.append(Fault(kind=chosen.kind, arg=chosen.arg))
+    lab.save(current)
+    return {"host": host.name, "faults": [f.label() for f in host.faults]}
+
+
+def down(workspace: Workspace, progress: Progress) -> dict[str, Any]:
+    require_root("pdctl lab down")
+    lab = Lab(workspace)
+    with registry.locked():
+        current = lab.load()
+        if current is None:
+            return {"removed_hosts": [], "lab": None}
+        names = [h.name for h in current.hosts]
+        progress(f"removing {len(names)} host(s)")
+        _sweep(lab.dir, current, current.lab_id)
+        if registry.owner(current.lab_id) == lab.dir:
+            registry.release(current.lab_id)
+        shutil.rmtree(lab.dir, ignore_errors=True)
+    return {"removed_hosts": names, "lab": current.lab_id}
+
+
+def ssh_argv(workspace: Workspace, name: str, user: str, command: tuple[str, ...]) -> list[str]:
+    lab, _, host = running_host(workspace, name)
+    # Lab hosts get fresh host keys on every `lab up`: pinning them here would
+    # only break. Real fleets pin keys (pdctl fleet add); this is lab-only.
+    return [
+        "ssh",
+        "-i",
+        str(lab.key),
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        f"{user}@{host.address}",
+        *command,
+    ]

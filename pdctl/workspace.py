@@ -1,0 +1,45 @@
+"""Where pdctl keeps its files: the workspace (PDCTL_HOME) and the machine cache."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """PDCTL_HOME: fleets' inventories, service state and lab files."""
+
+    home: Path
+
+    @property
+    def inventories(self) -> Path:
+        return self.home / "inventories"
+
+    @property
+    def state(self) -> Path:
+        return self.home / ".pdctl"
+
+    @property
+    def lab(self) -> Path:
+        return self.state / "lab"
+
+    @property
+    def services(self) -> Path:
+        return self.state / "services"
+
+    def fleet_dir(self, name: str) -> Path:
+        return self.inventories / name
+
+    def service_dir(self, name: str) -> Path:
+        return self.services / name
+
+
+def cache_dir() -> Path:
+    """Machine-wide cache shared by every workspace (lab rootfs, wheels, images).
+
+    Shared on purpose: the lab's rootfs takes a minute to build and is the
+    same for every workspace on the machine.
+    """
+    return Path(os.environ.get("PDCTL_CACHE", "/var/cache/pdctl"))
