@@ -1,0 +1,135 @@
+"""Helpers the tests share: run the real pdctl CLI, reach lab hosts over real SSH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
+
+
+def pdctl(
+    home: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI (`python -m pdctl`) in a workspace."""
+    full_env = {**os.environ, "PDCTL_HOME": str(home), **(env or {})}
+    full_env.pop("PDCTL_JSON", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdctl", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"pdctl {' '.join(args)} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def pdctl_json(home: Path, *args: str, **kwargs: Any) -> Any:
+    return json.loads(pdctl(home, "--json", *args, **kwargs).stdout)
+
+
+def lab_unavailable() -> str | None:
+    """Why the lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    missing = [p for p in LAB_PROGRAMS if shutil.which(p) is None]
+    if missing:
+        return f"missing programs: {', '.join(missing)} (run `make install`)"
+    probe = subprocess.run(
+        ["unshare", "--net", "--mount", "true"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        return f"cannot create namespaces: {probe.stderr.decode().strip()}"
+    return None
+
+
+def require_lab() -> None:
+    """Skip when the lab cannot run, unless CI said it must (PDCTL_REQUIRE_LAB=1)."""
+    reason = lab_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("PDCTL_REQUIRE_LAB") == "1":
+        pytest.fail(f"PDCTL_REQUIRE_LAB=1 but the lab cannot run: {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Lab:
+    """A running lab in its own workspace."""
+
+    home: Path
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = pdctl_json(self.home, "lab", "status")
+        return doc
+
+    def host(self, name: str) -> dict[str, Any]:
+        return next(h for h in self.status()["hosts"] if h["name"] == name)
+
+    def gpu_hosts(self) -> list[str]:
+        return [h["name"] for h in self.status()["hosts"] if h["kind"] == "gpu"]
+
+    def cpu_hosts(self) -> list[str]:
+        return [h["name"] for h in self.status()["hosts"] if h["kind"] == "cpu"]
+
+    def ssh(
+        self,
+        name: str,
+        command: str,
+        user: str | None = None,
+        check: bool = True,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command on a lab host through the real ssh client."""
+        host = self.host(name)
+        argv = [
+            "ssh",
+            "-i",
+            host["identity_file"],
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"{user or host['user']}@{host['address']}",
+            command,
+        ]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"ssh {name} {command!r} exited {proc.returncode}\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
+
+    def fault(self, name: str, kind: str, arg: str | None = None) -> None:
+        pdctl(self.home, "lab", "fault", name, kind, *([arg] if arg else []))
+
+
+def start_lab(home: Path, hosts: int, cpu_hosts: int) -> Lab:
+    home.mkdir(parents=True, exist_ok=True)
+    pdctl(home, "lab", "up", "--hosts", str(hosts), "--cpu-hosts", str(cpu_hosts))
+    return Lab(home)
