@@ -24,8 +24,8 @@ def pdctl(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real CLI (`python -m pdctl`) in a workspace."""
-    full_env = {**os.environ, "PDCTL_HOME": str(home), **(env or {})}
-    full_env.pop("PDCTL_JSON", None)
+    inherited = {k: v for k, v in os.environ.items() if k != "PDCTL_JSON"}
+    full_env = {**inherited, "PDCTL_HOME": str(home), **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "pdctl", *args],
         capture_output=True,

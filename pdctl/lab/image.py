@@ -28,8 +28,19 @@ ARCHIVE_NAME = "sglang-rocm-lab.tar"
 # What the image holds: these packages and what they depend on (per the rootfs's
 # dpkg database), less the package-management machinery a container never runs.
 _ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils")
-_EXCLUDED_PACKAGES = frozenset({"dpkg", "debconf", "perl-base", "tar", "media-types", "tzdata",
-                                "readline-common", "netbase", "debianutils"})
+_EXCLUDED_PACKAGES = frozenset(
+    {
+        "dpkg",
+        "debconf",
+        "perl-base",
+        "tar",
+        "media-types",
+        "tzdata",
+        "readline-common",
+        "netbase",
+        "debianutils",
+    }
+)
 _SKIP_PREFIXES = (
     "usr/share/doc",
     "usr/share/man",
@@ -67,7 +78,8 @@ def _dependencies(rootfs: Path) -> dict[str, list[str]]:
         # "a (>= 1) | b, c:any" -> a, c: the first alternative, without versions or arch
         graph[fields["Package"]] = [
             re.split(r"[\s:(]", alternative.split("|")[0].strip())[0]
-            for alternative in wanted.split(",") if alternative.strip()
+            for alternative in wanted.split(",")
+            if alternative.strip()
         ]
     return graph
 

@@ -112,9 +112,9 @@ def recipe_hash() -> str:
     return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def apt_mirror() -> str:
+def apt_mirror(etc_apt: Path = Path("/etc/apt")) -> str:
     """The Debian mirror this machine's own apt uses (hosts are built like it)."""
-    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    sources = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
     for source in sources:
         if not source.is_file() or source.suffix not in {"", ".list", ".sources"}:
             continue

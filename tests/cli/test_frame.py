@@ -1,0 +1,67 @@
+"""The CLI frame: global options, --json documents, one error path, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support import pdctl
+
+
+def test_version_and_help(workspace: Path) -> None:
+    assert "pdctl, version" in pdctl(workspace, "--version").stdout
+    helptext = pdctl(workspace, "--help").stdout
+    for option in ("--json", "--verbose", "--quiet", "--home", "PDCTL_HOME"):
+        assert option in helptext
+
+
+def test_json_status_without_a_lab_is_an_empty_document(workspace: Path) -> None:
+    doc = json.loads(pdctl(workspace, "--json", "lab", "status").stdout)
+    assert doc["hosts"] == [] and doc["fleet_add"] is None
+    assert doc["worker_image"].startswith("localhost/pdctl-lab/")
+
+
+def test_json_from_the_environment(workspace: Path) -> None:
+    proc = pdctl(workspace, "lab", "status", env={"PDCTL_JSON": "1"})
+    assert json.loads(proc.stdout)["hosts"] == []
+
+
+def test_home_option_and_variable_choose_the_workspace(tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    proc = pdctl(tmp_path, "--home", str(other), "lab", "status")
+    assert "no lab in this workspace" in proc.stdout
+
+
+def test_usage_error_is_one_line_and_exit_2(workspace: Path) -> None:
+    proc = pdctl(workspace, "lab", "up", "--hosts", "many", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_usage_error_in_json_mode_is_a_document(workspace: Path) -> None:
+    proc = pdctl(workspace, "--json", "no-such-command", check=False)
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "usage" and "no-such-command" in error["message"]
+
+
+def test_user_error_names_the_fix(workspace: Path) -> None:
+    proc = pdctl(workspace, "lab", "up", "--hosts", "2", "--cpu-hosts", "3", check=False)
+    assert proc.returncode == 3
+    assert "--cpu-hosts must be between 0 and --hosts (2); got 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_debug_shows_the_traceback(workspace: Path) -> None:
+    quiet = pdctl(workspace, "lab", "up", "--hosts", "0", check=False)
+    loud = pdctl(workspace, "lab", "up", "--hosts", "0", check=False, env={"PDCTL_DEBUG": "1"})
+    assert quiet.returncode == loud.returncode == 3
+    assert "Traceback" not in quiet.stderr and "Traceback" in loud.stderr
+
+
+def test_fault_on_unknown_lab_host_is_not_found(workspace: Path) -> None:
+    doc = json.loads(
+        pdctl(workspace, "--json", "lab", "fault", "node9", "clear", check=False).stdout
+    )
+    assert doc["error"]["exit_code"] in {6, 7}  # 6 when not root, 7: no such host
