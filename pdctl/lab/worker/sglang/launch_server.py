@@ -1,0 +1,1140 @@
+"""Stand-in for ``python3 -m sglang.launch_server`` in pdctl's lab.
+
+Why it exists: the lab has no GPU, yet pdctl's playbooks start real SGLang command lines
+in containers on emulated hosts and put the real router (SMG) in front of them. This module
+takes those command lines unchanged and answers everything SMG uses on a worker, so that
+the router cannot tell it from SGLang:
+
+* ``GET /health`` (503 while warming up, draining or faulted), ``/health_generate``, ``/ready``;
+* ``GET /v1/models``, ``/server_info`` and ``/model_info`` (with their ``/get_*`` aliases),
+  ``/v1/loads`` and ``/metrics`` with the fields SMG parses;
+* ``POST /generate``, ``/v1/completions`` and ``/v1/chat/completions``, streamed (SSE over
+  chunked encoding) or not. A decode worker first reaches the prefill's bootstrap server named
+  in the request (``bootstrap_host``/``bootstrap_port``), as the KV transfer would, and fails
+  with HTTP 500 when it cannot; its answer names the decode worker and echoes the prompt;
+* a prefill's bootstrap server on ``--disaggregation-bootstrap-port``;
+* SIGTERM/SIGINT: health turns 503, new generations are refused, in-flight ones finish,
+  then the process exits 0.
+
+Faults come from the lab's state file (``PDFAKE_STATE``, default ``/etc/pd-fake/state.json``):
+``worker_unhealthy``, ``worker_warmup_secs``, ``worker_latency_ms``. At start, a prefill or
+decode worker on an RDMA transfer backend fails like libibverbs and Mooncake do when the
+host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted into the container.
+
+It runs on a bare Debian python3: standard library only, and no import from pdctl or from
+other modules of this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlsplit
+
+VERSION = "0.5.x-pdctl-lab"
+DEFAULT_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+DEFAULT_STATE_FILE = "/etc/pd-fake/state.json"
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_WARMUP_SECS = 1.0
+DEFAULT_LATENCY_MS = 20.0
+MAX_MODEL_LEN = 32768
+MAX_TOTAL_NUM_TOKENS = 131072
+TOKENS_PER_RUNNING_REQUEST = 512  # KV tokens a running request is said to hold
+DEFAULT_MAX_RUNNING_REQUESTS = 256
+BOOTSTRAP_TIMEOUT_SECS = 2.0
+THROUGHPUT_WINDOW_SECS = 10.0
+# Transfer backends that move KV caches without RDMA; all others need a verbs provider.
+TCP_BACKENDS = frozenset({"mooncake_tcp", "fake"})
+CLIENT_CLOSED_REQUEST = 499  # logged when the client hangs up before the answer is written
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+
+Json = dict[str, Any]
+
+_log_lock = threading.Lock()
+
+
+def log(message: str, level: str = "INFO") -> None:
+    """One line on stderr, in SGLang's ``[time] LEVEL message`` shape."""
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")  # local time, like SGLang
+    with _log_lock:
+        sys.stderr.write(f"[{stamp}] {level} {message}\n")
+        sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m sglang.launch_server",
+        description="pdctl lab stand-in for SGLang's server (no GPU, echoes prompts).",
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--model-path", "--model", dest="model_path", required=True)
+    add("--tokenizer-path", default=None)
+    add("--served-model-name", default=None)
+    add("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
+    add("--disaggregation-transfer-backend", default="mooncake")
+    add("--disaggregation-bootstrap-port", type=int, default=DEFAULT_BOOTSTRAP_PORT)
+    add("--disaggregation-ib-device", default=None)
+    add("--tp", "--tp-size", dest="tp_size", type=int, default=1)
+    add("--dp", "--dp-size", dest="dp_size", type=int, default=1)
+    add("--pp", "--pp-size", dest="pp_size", type=int, default=1)
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--mem-fraction-static", type=float, default=None)
+    add("--max-running-requests", type=int, default=None)
+    add("--context-length", type=int, default=None)
+    add("--trust-remote-code", action="store_true")
+    add("--api-key", default=None)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored)."""
+    args, unknown = build_parser().parse_known_args(list(argv))
+    return args, [item for item in unknown if item.startswith("-")]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_path: str
+    tokenizer_path: str
+    served_model_name: str
+    mode: str
+    transfer_backend: str
+    bootstrap_port: int
+    ib_device: str | None
+    tp_size: int
+    dp_size: int
+    pp_size: int
+    host: str
+    port: int
+    mem_fraction_static: float | None
+    max_running_requests: int
+    context_length: int
+    trust_remote_code: bool
+    api_key: str | None
+    hostname: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        return cls(
+            model_path=args.model_path,
+            tokenizer_path=args.tokenizer_path or args.model_path,
+            served_model_name=args.served_model_name or args.model_path,
+            mode=args.disaggregation_mode,
+            transfer_backend=args.disaggregation_transfer_backend,
+            bootstrap_port=args.disaggregation_bootstrap_port,
+            ib_device=args.disaggregation_ib_device,
+            tp_size=args.tp_size,
+            dp_size=max(1, args.dp_size),
+            pp_size=args.pp_size,
+            host=args.host,
+            port=args.port,
+            mem_fraction_static=args.mem_fraction_static,
+            max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
+            context_length=args.context_length or MAX_MODEL_LEN,
+            trust_remote_code=args.trust_remote_code,
+            api_key=args.api_key,
+            hostname=socket.gethostname(),
+        )
+
+    @property
+    def label(self) -> str:
+        """Who answers: ``prefill``, ``decode`` or ``regular`` (not disaggregated)."""
+        return self.mode if self.mode in ("prefill", "decode") else "regular"
+
+    @property
+    def engine_type(self) -> str:
+        return self.mode if self.mode in ("prefill", "decode") else "unified"
+
+    def server_args(self) -> Json:
+        """The subset of SGLang's ServerArgs that /server_info reports (never the API key)."""
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "served_model_name": self.served_model_name,
+            "host": self.host,
+            "port": self.port,
+            "tp_size": self.tp_size,
+            "dp_size": self.dp_size,
+            "pp_size": self.pp_size,
+            "disaggregation_mode": self.mode,
+            "disaggregation_transfer_backend": self.transfer_backend,
+            "disaggregation_bootstrap_port": self.bootstrap_port,
+            "disaggregation_ib_device": self.ib_device,
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_running_requests": self.max_running_requests,
+            "context_length": self.context_length,
+            "trust_remote_code": self.trust_remote_code,
+            "load_balance_method": "round_robin",
+            "is_embedding": False,
+            "skip_tokenizer_init": False,
+        }
+
+
+# --------------------------------------------------------------------------- environment
+
+
+@dataclass(frozen=True)
+class ProviderFailure:
+    """What real libibverbs (raw, on stderr) and SGLang (logged) say with no RDMA device."""
+
+    verbs_warning: str
+    error: str
+
+
+def provider_failure(cfg: ServerConfig, env: Mapping[str, str]) -> ProviderFailure | None:
+    """None when the worker needs no RDMA (not disaggregated, a TCP backend, MC_FORCE_TCP=1)
+    or when the host's provider library is mounted where libibverbs looks for it."""
+    if cfg.mode not in ("prefill", "decode"):
+        return None
+    if cfg.transfer_backend in TCP_BACKENDS or env.get("MC_FORCE_TCP") == "1":
+        return None
+    library = Path(env.get("PDFAKE_PROVIDER_LIB") or DEFAULT_PROVIDER_LIB)
+    if library.exists():
+        return None
+    name = library.name
+    return ProviderFailure(
+        verbs_warning=f"libibverbs: Warning: couldn't load driver '{name}': {name}: "
+        "cannot open shared object file: No such file or directory",
+        error="Mooncake transfer engine initialization failed: no RDMA device found "
+        f"(ibv_get_device_list returned 0 devices; backend={cfg.transfer_backend}, "
+        f"ib_device={cfg.ib_device or 'auto'}). RuntimeError: Failed to initialize "
+        "the KV transfer engine for disaggregation; mount the host's RDMA provider "
+        "library or use a TCP transfer backend.",
+    )
+
+
+class StateFile:
+    """The lab's fault file, re-read only when its mtime or size changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._key: tuple[int, int, int] | None = None
+        self._data: Json = {}
+
+    def read(self) -> Json:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return {}
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if key == self._key:
+                return self._data
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            loaded = {}
+        data: Json = loaded if isinstance(loaded, dict) else {}
+        with self._lock:
+            self._key, self._data = key, data
+        return data
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def setting(env_name: str, state_key: str, default: float, state: Json) -> float:
+    """An environment override, else the state file's value, else the default."""
+    for candidate in (os.environ.get(env_name), state.get(state_key)):
+        number = _number(candidate)
+        if number is not None and number >= 0:
+            return number
+    return default
+
+
+# --------------------------------------------------------------------------- runtime state
+
+
+class Runtime:
+    """Start time, drain flag and the counters /metrics, /v1/loads and /server_info show."""
+
+    def __init__(self, cfg: ServerConfig, state: StateFile, warmup_secs: float) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.warmup_secs = warmup_secs
+        self.started = time.monotonic()
+        self._cond = threading.Condition()
+        self._draining = False
+        self.inflight = 0
+        self.requests_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def warm(self) -> bool:
+        return time.monotonic() - self.started >= self.warmup_secs
+
+    def healthy(self) -> bool:
+        if self._draining or not self.warm():
+            return False
+        return self.state.read().get("worker_unhealthy") is not True
+
+    def latency_secs(self) -> float:
+        return (
+            setting("PDFAKE_LATENCY_MS", "worker_latency_ms", DEFAULT_LATENCY_MS, self.state.read())
+            / 1000.0
+        )
+
+    def begin(self) -> bool:
+        """Admit one generation; False once draining."""
+        with self._cond:
+            if self._draining:
+                return False
+            self.inflight += 1
+            self.requests_total += 1
+            return True
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._cond:
+            self.inflight -= 1
+            self.prompt_tokens_total += prompt_tokens
+            self.generation_tokens_total += completion_tokens
+            self._recent.append((time.monotonic(), completion_tokens))
+            self._cond.notify_all()
+
+    def start_draining(self) -> int:
+        with self._cond:
+            self._draining = True
+            return self.inflight
+
+    def wait_idle(self) -> None:
+        with self._cond:
+            while self.inflight:
+                self._cond.wait()
+
+    def gen_throughput(self) -> float:
+        """Generated tokens per second over the last few seconds."""
+        horizon = time.monotonic() - THROUGHPUT_WINDOW_SECS
+        with self._cond:
+            while self._recent and self._recent[0][0] < horizon:
+                self._recent.popleft()
+            tokens = sum(count for _, count in self._recent)
+        return round(tokens / THROUGHPUT_WINDOW_SECS, 2)
+
+    def token_usage(self, running: int | None = None) -> float:
+        """Share of the KV pool the running requests are said to hold."""
+        used = (self.inflight if running is None else running) * TOKENS_PER_RUNNING_REQUEST
+        return round(min(1.0, used / MAX_TOTAL_NUM_TOKENS), 4)
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def count_tokens(text: str) -> int:
+    """A deterministic token count: whitespace-separated words."""
+    return len(text.split())
+
+
+def content_text(content: object) -> str:
+    """An OpenAI message content: a string, or a list of parts whose text parts count."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, dict)]
+        return " ".join(part for part in parts if isinstance(part, str))
+    return ""
+
+
+def chat_prompt(body: Json) -> tuple[str, str]:
+    """(last user message, whole conversation text) of a chat request."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "", ""
+    texts = [content_text(m.get("content")) for m in messages if isinstance(m, dict)]
+    users = [
+        content_text(m.get("content"))
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user"
+    ]
+    return (users[-1] if users else ""), " ".join(texts)
+
+
+def text_prompts(value: object) -> list[str]:
+    """``prompt``/``text`` of completions and generate: a string or a list of strings."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [str(item) for item in value] or [""]
+    return [""]
+
+
+def make_answer(cfg: ServerConfig, prompt: str, context: str) -> Answer:
+    """The deterministic reply; a prefill worker's is empty (the router discards it)."""
+    if cfg.mode == "prefill":
+        text = ""
+    else:
+        who = f"{cfg.label} {cfg.hostname}:{cfg.port} model={cfg.served_model_name}"
+        text = f"[{who}] echo: {prompt}"
+    return Answer(text, count_tokens(context), count_tokens(text))
+
+
+def pieces(text: str) -> list[str]:
+    """Stream deltas: one word (with its trailing space) at a time."""
+    return re.findall(r"\S+\s*", text)
+
+
+def usage(answer: Answer) -> Json:
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+
+
+def request_model(cfg: ServerConfig, body: Json) -> str:
+    model = body.get("model")
+    return model if isinstance(model, str) and model else cfg.served_model_name
+
+
+def wants_usage_chunk(body: Json) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def bootstrap_target(body: Json) -> tuple[str, int] | None:
+    """The prefill bootstrap server the router named in the request, if any."""
+    host: object = body.get("bootstrap_host")
+    port: object = body.get("bootstrap_port")
+    if isinstance(host, list):
+        host = host[0] if host else None
+    if isinstance(port, list):
+        port = port[0] if port else None
+    if not isinstance(host, str) or not host:
+        return None
+    if not isinstance(port, int) or isinstance(port, bool):
+        port = DEFAULT_BOOTSTRAP_PORT
+    return host, port
+
+
+def probe_bootstrap(host: str, port: int, timeout: float = BOOTSTRAP_TIMEOUT_SECS) -> str | None:
+    """Reach a prefill's bootstrap server like the KV receiver does; the error, or None."""
+    request = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(request.encode())
+            status_line = sock.makefile("rb").readline(256)
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    fields = status_line.split()
+    if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or fields[1] != b"200":
+        return f"unexpected answer {status_line[:80]!r}"
+    return None
+
+
+# --------------------------------------------------------------------------- response bodies
+
+
+def chat_body(cfg: ServerConfig, body: Json, answer: Answer, rid: str) -> Json:
+    message = {"role": "assistant", "content": answer.text, "tool_calls": None}
+    return {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request_model(cfg, body),
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "usage": usage(answer),
+    }
+
+
+def completion_body(cfg: ServerConfig, body: Json, answers: list[Answer], rid: str) -> Json:
+    choices = [
+        {"index": i, "text": a.text, "logprobs": None, "finish_reason": "stop"}
+        for i, a in enumerate(answers)
+    ]
+    total = Answer(
+        "",
+        sum(a.prompt_tokens for a in answers),
+        sum(a.completion_tokens for a in answers),
+    )
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": request_model(cfg, body),
+        "choices": choices,
+        "usage": usage(total),
+    }
+
+
+def generate_item(answer: Answer, rid: str, text: str, finished: bool, started: float) -> Json:
+    meta: Json = {
+        "id": rid,
+        "finish_reason": {"type": "stop", "matched": None} if finished else None,
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": count_tokens(text),
+        "cached_tokens": 0,
+        "e2e_latency": round(time.monotonic() - started, 4),
+    }
+    return {"text": text, "meta_info": meta}
+
+
+# --------------------------------------------------------------------------- HTTP server
+
+
+class WorkerHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class WorkerHTTPServer6(WorkerHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def bind_server(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> WorkerHTTPServer:
+    """Listen on exactly the given address (IPv4 or IPv6), nothing else."""
+    cls = WorkerHTTPServer6 if ":" in host else WorkerHTTPServer
+    return cls((host, port), handler)
+
+
+class BaseHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silenced: requests are logged by :meth:`log_request` or by the handler."""
+
+    def send_body(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_json(self, status: int, payload: object) -> None:
+        self.send_body(status, json.dumps(payload).encode(), "application/json")
+
+    def send_empty(self, status: int) -> None:
+        self.send_body(status, b"", "text/plain; charset=utf-8")
+
+    def read_body(self) -> bytes:
+        """The request body, by Content-Length or chunked encoding."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _read_chunked(self) -> bytes:
+        data = bytearray()
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return bytes(data)
+            data += self.rfile.read(size)
+            self.rfile.readline()
+
+
+class BootstrapHandler(BaseHandler):
+    """The prefill's KV bootstrap server: enough of it for a decode to reach it."""
+
+    timeout = 10
+
+    def handle(self) -> None:
+        log(f"KV bootstrap connection from {self.client_address[0]}:{self.client_address[1]}")
+        super().handle()
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/health":
+            self.send_body(200, b"OK", "text/plain; charset=utf-8")
+        elif path == "/route":
+            self.send_json(200, {"status": "ok", "bootstrap": "pdctl-lab"})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_PUT(self) -> None:
+        self.read_body()
+        self.send_body(200, b"OK", "text/plain; charset=utf-8")
+
+
+class WorkerHandler(BaseHandler):
+    """SGLang's HTTP API, as far as SMG and the lab's tools use it."""
+
+    runtime: ClassVar[Runtime]
+    GET_ROUTES: ClassVar[dict[str, str]] = {
+        "/health": "health",
+        "/health_generate": "health",
+        "/ready": "health",
+        "/v1/models": "models",
+        "/server_info": "server_info",
+        "/get_server_info": "server_info",
+        "/model_info": "model_info",
+        "/get_model_info": "model_info",
+        "/v1/loads": "loads",
+        "/get_loads": "loads",
+        "/metrics": "metrics",
+    }
+    OPEN_PREFIXES: ClassVar[tuple[str, ...]] = ("/health", "/metrics")
+
+    _quiet = False
+
+    @property
+    def cfg(self) -> ServerConfig:
+        return self.runtime.cfg
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if not self._quiet:
+            client = f"{self.client_address[0]}:{self.client_address[1]}"
+            log(f'{client} - "{self.command} {self.path} {self.request_version}" {code}')
+
+    # ---- dispatch
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        self._quiet = False
+        url = urlsplit(self.path)
+        body = self.read_body() if method == "POST" else b""
+        if not self._authorized(url.path):
+            self.send_json(401, {"error": "Unauthorized"})
+            return
+        if method == "GET" and url.path in self.GET_ROUTES:
+            getattr(self, f"get_{self.GET_ROUTES[url.path]}")(parse_qs(url.query))
+        elif method == "POST" and url.path in GENERATION_PATHS:
+            self.generation(url.path, body)
+        elif url.path in self.GET_ROUTES or url.path in GENERATION_PATHS:
+            self.send_json(405, {"detail": "Method Not Allowed"})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def _authorized(self, path: str) -> bool:
+        key = self.cfg.api_key
+        if not key or path.startswith(self.OPEN_PREFIXES):
+            return True
+        return self.headers.get("Authorization", "") == f"Bearer {key}"
+
+    # ---- GET endpoints
+
+    def get_health(self, _query: dict[str, list[str]]) -> None:
+        self.send_empty(200 if self.runtime.healthy() else 503)
+
+    def get_models(self, _query: dict[str, list[str]]) -> None:
+        card = {
+            "id": self.cfg.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": self.cfg.model_path,
+            "max_model_len": self.cfg.context_length,
+        }
+        self.send_json(200, {"object": "list", "data": [card]})
+
+    def get_server_info(self, _query: dict[str, list[str]]) -> None:
+        rt = self.runtime
+        info: Json = {
+            **self.cfg.server_args(),
+            "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+            "max_req_input_len": self.cfg.context_length - 1,
+            "internal_states": [{"last_gen_throughput": rt.gen_throughput()}],
+            "num_running_reqs": rt.inflight,
+            "num_requests_total": rt.requests_total,
+            "prompt_tokens_total": rt.prompt_tokens_total,
+            "generation_tokens_total": rt.generation_tokens_total,
+            "uptime_seconds": round(time.monotonic() - rt.started, 3),
+            "draining": rt.draining,
+            "hostname": self.cfg.hostname,
+            "version": VERSION,
+        }
+        self.send_json(200, info)
+
+    def get_model_info(self, _query: dict[str, list[str]]) -> None:
+        self.send_json(
+            200,
+            {
+                "model_path": self.cfg.model_path,
+                "tokenizer_path": self.cfg.tokenizer_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": None,
+                "architectures": None,
+            },
+        )
+
+    def get_loads(self, query: dict[str, list[str]]) -> None:
+        include = {s.strip() for v in query.get("include", []) for s in v.split(",")} or {"all"}
+        loads = [rank_load(self.runtime, rank, include) for rank in range(self.cfg.dp_size)]
+        wanted = query.get("dp_rank", [])
+        if wanted:
+            loads = [load for load in loads if str(load["dp_rank"]) == wanted[0]]
+        self.send_json(
+            200,
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": VERSION,
+                "dp_rank_count": len(loads),
+                "loads": loads,
+                "aggregate": _aggregate(loads),
+            },
+        )
+
+    def get_metrics(self, _query: dict[str, list[str]]) -> None:
+        self.send_body(
+            200, render_metrics(self.runtime).encode(), "text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    # ---- generation
+
+    def generation(self, path: str, raw: bytes) -> None:
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as exc:
+            self.send_error_json(400, f"Invalid JSON body: {exc}")
+            return
+        if not isinstance(body, dict):
+            self.send_error_json(400, "The request body must be a JSON object")
+            return
+        if not self.runtime.begin():
+            self.send_error_json(503, "The server is shutting down; not accepting new requests")
+            return
+        self._quiet = True
+        started = time.monotonic()
+        status, answers = 500, list[Answer]()
+        try:
+            status, answers = self._generate(path, body, started)
+        except (BrokenPipeError, ConnectionResetError):
+            # The router drops the other leg's connection once one leg fails; SGLang aborts.
+            self.close_connection = True
+            status = CLIENT_CLOSED_REQUEST
+        finally:
+            prompt = sum(a.prompt_tokens for a in answers)
+            done = sum(a.completion_tokens for a in answers)
+            self.runtime.end(prompt, done)
+            self._log_generation(path, body, status, started)
+
+    def _log_generation(self, path: str, body: Json, status: int, started: float) -> None:
+        target = bootstrap_target(body)
+        room = body.get("bootstrap_room")
+        via = f" bootstrap={target[0]}:{target[1]} room={room}" if target else ""
+        if status == CLIENT_CLOSED_REQUEST:
+            via += " (client closed the connection; request aborted)"
+        log(
+            f'{self.client_address[0]}:{self.client_address[1]} - "POST {path} '
+            f'{self.request_version}" {status} {self.cfg.label} stream={body.get("stream") is True}'
+            f"{via} {int((time.monotonic() - started) * 1000)}ms"
+        )
+
+    def _generate(self, path: str, body: Json, started: float) -> tuple[int, list[Answer]]:
+        if self.cfg.mode == "decode":
+            error = self._kv_transfer_error(body)
+            if error:
+                self.send_error_json(500, error)
+                return 500, []
+        answers = self._answers(path, body)
+        rid = uuid.uuid4().hex
+        if body.get("stream") is True:
+            self._stream(path, body, answers[0], rid, started)
+        else:
+            time.sleep(self.runtime.latency_secs())
+            self.send_json(200, self._full_body(path, body, answers, rid, started))
+        return 200, answers
+
+    def _kv_transfer_error(self, body: Json) -> str | None:
+        target = bootstrap_target(body)
+        if target is None:
+            return None
+        error = probe_bootstrap(*target)
+        if error is None:
+            return None
+        return (
+            f"KV transfer could not start: cannot reach the prefill bootstrap server at "
+            f"{target[0]}:{target[1]} (bootstrap_room={body.get('bootstrap_room')}): {error}"
+        )
+
+    def _answers(self, path: str, body: Json) -> list[Answer]:
+        if path == "/v1/chat/completions":
+            last, context = chat_prompt(body)
+            return [make_answer(self.cfg, last, context)]
+        key = "prompt" if path == "/v1/completions" else "text"
+        return [make_answer(self.cfg, p, p) for p in text_prompts(body.get(key))]
+
+    def _full_body(
+        self, path: str, body: Json, answers: list[Answer], rid: str, started: float
+    ) -> object:
+        if path == "/v1/chat/completions":
+            return chat_body(self.cfg, body, answers[0], rid)
+        if path == "/v1/completions":
+            return completion_body(self.cfg, body, answers, rid)
+        items = [generate_item(a, rid, a.text, True, started) for a in answers]
+        return items if isinstance(body.get("text"), list) else items[0]
+
+    def send_error_json(self, status: int, message: str) -> None:
+        kind = "BadRequestError" if status < 500 else "InternalServerError"
+        if status == 503:
+            kind = "ServiceUnavailableError"
+        self.send_json(
+            status,
+            {
+                "object": "error",
+                "error": {"message": message, "type": kind, "code": status},
+                "message": message,
+                "code": status,
+            },
+        )
+
+    # ---- streaming (SSE over chunked transfer encoding)
+
+    def _stream(self, path: str, body: Json, answer: Answer, rid: str, started: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in self._events(path, body, answer, rid, started):
+            self._write_chunk(f"data: {event}\n\n".encode())
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _events(
+        self, path: str, body: Json, answer: Answer, rid: str, started: float
+    ) -> Iterator[str]:
+        deltas = pieces(answer.text)
+        ctx = StreamContext(
+            rid=rid,
+            model=request_model(self.cfg, body),
+            chat=path == "/v1/chat/completions",
+            started=started,
+            delay=self.runtime.latency_secs() / max(1, len(deltas)),
+            include_usage=wants_usage_chunk(body),
+        )
+        if path == "/generate":
+            return generate_events(ctx, answer, deltas)
+        return openai_events(ctx, answer, deltas)
+
+
+# --------------------------------------------------------------------------- stream events
+
+
+@dataclass(frozen=True)
+class StreamContext:
+    rid: str
+    model: str
+    chat: bool
+    started: float
+    delay: float
+    include_usage: bool
+
+    def chunk(self, choice: Json) -> str:
+        """One OpenAI stream event carrying ``choice``."""
+        return json.dumps(
+            {
+                "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.rid}",
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [{"index": 0, "logprobs": None, **choice}],
+            }
+        )
+
+    def delta(self, text: str, finish: str | None = None) -> str:
+        if self.chat:
+            return self.chunk({"delta": {"content": text} if text else {}, "finish_reason": finish})
+        return self.chunk({"text": text, "finish_reason": finish})
+
+    def usage_chunk(self, answer: Answer) -> str:
+        return json.dumps(
+            {
+                "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.rid}",
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [],
+                "usage": usage(answer),
+            }
+        )
+
+
+def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iterator[str]:
+    """OpenAI's stream: a role chunk (chat), one delta per word, a finish chunk, usage."""
+    if ctx.chat:
+        yield ctx.chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    for delta in deltas:
+        time.sleep(ctx.delay)
+        yield ctx.delta(delta)
+    if not deltas:
+        time.sleep(ctx.delay)
+    yield ctx.delta("", "stop")
+    if ctx.include_usage:
+        yield ctx.usage_chunk(answer)
+
+
+def generate_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iterator[str]:
+    """SGLang's native stream: each event carries the cumulative text so far."""
+    text = ""
+    for delta in deltas:
+        time.sleep(ctx.delay)
+        text += delta
+        yield json.dumps(generate_item(answer, ctx.rid, text, False, ctx.started))
+    if not deltas:
+        time.sleep(ctx.delay)
+    yield json.dumps(generate_item(answer, ctx.rid, answer.text, True, ctx.started))
+
+
+def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
+    """One DP rank's entry of /v1/loads, with the optional sections SGLang adds."""
+    dp = rt.cfg.dp_size
+    running = rt.inflight // dp + (1 if rank < rt.inflight % dp else 0)
+    used = running * TOKENS_PER_RUNNING_REQUEST
+    load: Json = {
+        "dp_rank": rank,
+        "num_running_reqs": running,
+        "num_waiting_reqs": 0,
+        "num_waiting_uncached_tokens": 0,
+        "num_used_tokens": used,
+        "num_total_tokens": used,
+        "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+        "token_usage": rt.token_usage(running),
+        "gen_throughput": round(rt.gen_throughput() / dp, 2),
+        "cache_hit_rate": 0.0,
+        "utilization": round(running / rt.cfg.max_running_requests, 4),
+        "max_running_requests": rt.cfg.max_running_requests,
+        "num_total_reqs": running,
+    }
+    everything = "all" in include
+    if everything or "memory" in include:
+        load["memory"] = {
+            "weight_gb": 0.0,
+            "kv_cache_gb": 0.0,
+            "graph_gb": 0.0,
+            "token_capacity": MAX_TOTAL_NUM_TOKENS,
+        }
+    if everything or "queues" in include:
+        load["queues"] = {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+    if everything or "disagg" in include:
+        load["disaggregation"] = disaggregation_load(rt.cfg.mode)
+    return load
+
+
+def disaggregation_load(mode: str) -> Json:
+    return {
+        "mode": mode,
+        "prefill_prealloc_queue_reqs": 0,
+        "prefill_inflight_queue_reqs": 0,
+        "decode_prealloc_queue_reqs": 0,
+        "decode_transfer_queue_reqs": 0,
+        "decode_retracted_queue_reqs": 0,
+        "kv_transfer_speed_gb_s": 0.0,
+        "kv_transfer_latency_ms": 0.0,
+    }
+
+
+def _aggregate(loads: list[Json]) -> Json:
+    count = max(1, len(loads))
+    return {
+        "total_running_reqs": sum(d["num_running_reqs"] for d in loads),
+        "total_waiting_reqs": sum(d["num_waiting_reqs"] for d in loads),
+        "total_reqs": sum(d["num_total_reqs"] for d in loads),
+        "total_used_tokens": sum(d["num_used_tokens"] for d in loads),
+        "total_tokens": sum(d["num_total_tokens"] for d in loads),
+        "avg_token_usage": round(sum(d["token_usage"] for d in loads) / count, 4),
+        "avg_throughput": round(sum(d["gen_throughput"] for d in loads) / count, 2),
+        "avg_utilization": round(sum(d["utilization"] for d in loads) / count, 4),
+    }
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_metrics(rt: Runtime) -> str:
+    """SGLang's Prometheus gauges and counters, labelled like a real TP rank 0."""
+    labels = (
+        f'engine_type="{rt.cfg.engine_type}",model_name="{_label_value(rt.cfg.served_model_name)}",'
+        'pp_rank="0",tp_rank="0"'
+    )
+    series = [
+        ("num_running_reqs", "gauge", "The number of running requests.", rt.inflight),
+        ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+        ("token_usage", "gauge", "The token usage.", rt.token_usage()),
+        ("gen_throughput", "gauge", "The generation throughput (token/s).", rt.gen_throughput()),
+        ("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            rt.prompt_tokens_total,
+        ),
+        (
+            "generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            rt.generation_tokens_total,
+        ),
+        ("num_requests_total", "counter", "Number of requests processed.", rt.requests_total),
+    ]
+    lines: list[str] = []
+    for name, kind, help_text, value in series:
+        lines += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} {kind}",
+            f"sglang:{name}{{{labels}}} {float(value)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- process
+
+
+def handler_for(runtime: Runtime) -> type[WorkerHandler]:
+    """A handler class bound to this process's runtime state."""
+
+    class BoundWorkerHandler(WorkerHandler):
+        pass
+
+    BoundWorkerHandler.runtime = runtime
+    return BoundWorkerHandler
+
+
+def serve_in_thread(server: WorkerHTTPServer, name: str) -> threading.Thread:
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def announce_ready(runtime: Runtime) -> None:
+    """Log SGLang's ready line once the warm-up is over."""
+    time.sleep(runtime.warmup_secs)
+    if not runtime.draining:
+        log("The server is fired up and ready to roll!")
+
+
+def start_servers(cfg: ServerConfig, runtime: Runtime) -> list[WorkerHTTPServer]:
+    servers: list[WorkerHTTPServer] = []
+    try:
+        if cfg.mode == "prefill":
+            servers.append(bind_server(cfg.host, cfg.bootstrap_port, BootstrapHandler))
+            log(f"KV bootstrap server listening on {cfg.host}:{cfg.bootstrap_port}")
+        servers.append(bind_server(cfg.host, cfg.port, handler_for(runtime)))
+    except OSError:
+        for server in servers:
+            server.server_close()
+        raise
+    for server in servers:
+        serve_in_thread(server, f"http-{server.server_address[1]}")
+    return servers
+
+
+def install_signal_handlers(stop: threading.Event) -> dict[int, str]:
+    received: dict[int, str] = {}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received[signum] = signal.Signals(signum).name
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    return received
+
+
+def drain_and_stop(runtime: Runtime, servers: list[WorkerHTTPServer], why: str) -> None:
+    pending = runtime.start_draining()
+    log(f"Received {why}: health is now 503; draining {pending} in-flight request(s)")
+    runtime.wait_idle()
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+    log("Drained; shutting down.")
+
+
+def describe(cfg: ServerConfig) -> str:
+    return (
+        f"Starting SGLang stand-in {VERSION} (pdctl lab): model={cfg.model_path} "
+        f"served={cfg.served_model_name} mode={cfg.mode} backend={cfg.transfer_backend} "
+        f"tp={cfg.tp_size} dp={cfg.dp_size} http={cfg.host}:{cfg.port}"
+        + (f" bootstrap={cfg.host}:{cfg.bootstrap_port}" if cfg.mode == "prefill" else "")
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = ServerConfig.from_args(args)
+    if unknown:
+        log(f"Ignoring flags this stand-in does not model: {' '.join(unknown)}", "WARNING")
+    log(describe(cfg))
+    failure = provider_failure(cfg, os.environ)
+    if failure:
+        sys.stderr.write(failure.verbs_warning + "\n")
+        log(failure.error, "ERROR")
+        return 1
+    state = StateFile(Path(os.environ.get("PDFAKE_STATE") or DEFAULT_STATE_FILE))
+    warmup = setting("PDFAKE_WARMUP_SECS", "worker_warmup_secs", DEFAULT_WARMUP_SECS, state.read())
+    runtime = Runtime(cfg, state, warmup)
+    stop = threading.Event()
+    received = install_signal_handlers(stop)
+    try:
+        servers = start_servers(cfg, runtime)
+    except OSError as exc:
+        log(f"Cannot listen on {cfg.host}: {exc}", "ERROR")
+        return 1
+    log(f"Uvicorn running on http://{cfg.host}:{cfg.port}; warming up for {warmup:g}s")
+    threading.Thread(target=announce_ready, args=(runtime,), daemon=True).start()
+    while not stop.wait(0.5):
+        pass
+    drain_and_stop(runtime, servers, "/".join(received.values()) or "stop")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
