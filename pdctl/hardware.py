@@ -1,0 +1,1412 @@
+"""What a GPU host looks like: observe it, parse what the tools print, summarise, check.
+
+One file, three audiences:
+
+* on the host, ``collect()`` runs the hardware tools (``ibv_devices``,
+  ``ibv_devinfo -v``, ``amd-smi``, ``rocm-smi``, ``podman``/``docker``,
+  ``systemctl``) concurrently, reads a few files, probes TCP peers, and returns
+  the raw observations as JSON-serialisable data. It never raises: a missing
+  program is rc 127, a hung one rc 124.
+* pdctl (and the ``pd_preflight`` Ansible role, which links this file in as a
+  module_util) turns those observations into a stored summary with ``facts()``
+  and into named pass/fail checks with ``evaluate()``.
+* ``python3 -`` on a host: pdctl pipes this file's source over SSH with the
+  request in ``$PD_HARDWARE_INPUT`` (stdin carries the source) and reads
+  ``collect()``'s JSON from stdout. See ``main()``.
+
+So: standard library only, no pdctl imports, and runtime syntax that Python 3.9
+accepts (annotations are strings here, so ``X | None`` in them is fine).
+
+The parsers read the real tools' formats (rdma-core's ``devinfo.c`` and
+``device_list.c``, amd-smi's and rocm-smi's JSON) and raise ``ParseError`` with
+what they expected when the text is something else.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHECK_NAMES",
+    "CPU_SKIP_MESSAGE",
+    "DEFAULT_PROVIDER_LIB",
+    "INPUT_ENV",
+    "Check",
+    "Expectations",
+    "Gid",
+    "ParseError",
+    "RdmaDevice",
+    "RdmaPort",
+    "collect",
+    "evaluate",
+    "facts",
+    "main",
+    "parse_amd_smi_list",
+    "parse_amd_smi_static",
+    "parse_ibv_devices",
+    "parse_ibv_devinfo",
+    "parse_rocm_smi_products",
+    "probe_peer",
+    "provider_warnings",
+    "run_command",
+]
+
+SCHEMA = 1
+INPUT_ENV = "PD_HARDWARE_INPUT"
+DEFAULT_PROVIDER_LIB = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
+DEFAULT_STORAGE_PATHS = ("/var/lib/containers", "/var/lib/docker", "/")
+# Where distributions put libibverbs providers (RHEL-style, Debian multiarch, local builds).
+PROVIDER_DIRS = (
+    "/usr/lib64/libibverbs",
+    "/usr/lib/x86_64-linux-gnu/libibverbs",
+    "/usr/lib/aarch64-linux-gnu/libibverbs",
+    "/usr/local/lib64/libibverbs",
+    "/usr/local/lib/libibverbs",
+)
+# A non-interactive SSH session's PATH often lacks ROCm's bin directory and sbin.
+EXTRA_PATH = ("/opt/rocm/bin", "/usr/sbin", "/sbin")
+CONNECT_TIMEOUT = 2.0
+# Host files read by collect() (module attributes, so tests can point them elsewhere).
+OS_RELEASE_PATHS = ("/etc/os-release", "/usr/lib/os-release")
+MEMINFO_PATH = "/proc/meminfo"
+KFD_PATH = "/dev/kfd"
+DRI_DIR = "/dev/dri"
+SYSTEMD_RUN_DIR = "/run/systemd/system"  # exists iff systemd is PID 1 (sd_booted(3))
+MAX_OUTPUT = 1_000_000  # characters kept of one stream
+GIB = 1024**3
+RC_NOT_FOUND = 127
+RC_NOT_EXECUTABLE = 126
+RC_TIMEOUT = 124
+
+RUNTIMES = ("podman", "docker")
+COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ibv_devices", ("ibv_devices",)),
+    ("ibv_devinfo", ("ibv_devinfo", "-v")),
+    ("amd_smi_static", ("amd-smi", "static", "--asic", "--json")),
+    ("podman_version", ("podman", "--version")),
+    ("docker_version", ("docker", "--version")),
+    ("systemctl", ("systemctl", "is-system-running")),
+)
+AMD_SMI_LIST = ("amd-smi", "list", "--json")
+ROCM_SMI = ("rocm-smi", "--showproductname", "--json")
+RUNTIME_INFO = {
+    "podman": ("podman", "info", "--format", "json"),
+    "docker": ("docker", "info", "--format", "{{json .}}"),
+}
+# Stable order of raw["commands"].
+COMMAND_ORDER = (
+    "ibv_devices",
+    "ibv_devinfo",
+    "amd_smi_list",
+    "amd_smi_static",
+    "rocm_smi",
+    "podman_version",
+    "docker_version",
+    "podman_info",
+    "docker_info",
+    "systemctl",
+)
+
+CPU_SKIP_MESSAGE = "CPU-only host (router candidate): GPU/RDMA checks skipped"
+CHECK_NAMES = (
+    "systemd",
+    "gpus",
+    "rdma_devices",
+    "rdma_ports",
+    "provider_lib",
+    "roce_gid",
+    "runtime",
+    "disk",
+    "mesh",
+)
+GPU_ONLY_CHECKS = frozenset({"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid"})
+
+
+class ParseError(ValueError):
+    """Tool output that is not in the expected format; the message says what was expected."""
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _snippet(text: str, limit: int = 90) -> str:
+    """The first non-blank line of text, shortened, for messages."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line:
+        return "(empty)"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _decode(data: bytes | None) -> str:
+    text = (data or b"").decode("utf-8", errors="replace")
+    return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + "\n[output truncated]\n"
+
+
+def _named_list(items: Sequence[str], limit: int = 8) -> str:
+    """'a, b and c', with 'and N more' past limit."""
+    shown = list(items[:limit])
+    if len(items) > limit:
+        return ", ".join(shown) + f" and {len(items) - limit} more"
+    if len(shown) == 1:
+        return shown[0]
+    return ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def _grouped(problems: Sequence[tuple[str, str, str]]) -> str:
+    """(device, issue, detail) triples as 'a and b <issue>; c <issue> <detail>'.
+
+    Devices sharing an issue are named together, so every faulty device fits in
+    one short message; the detail (what is there) is kept when they share it.
+    """
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for name, issue, detail in problems:
+        groups.setdefault(issue, []).append((name, detail))
+    parts = []
+    for issue, members in groups.items():
+        names = _named_list([name for name, _ in members], 16)
+        details = {detail for _, detail in members}
+        detail = f" {members[0][1]}" if len(details) == 1 and members[0][1] else ""
+        verb = issue
+        if len(members) > 1:  # "bnxt_re1 and bnxt_re4 have no GID[3]"
+            verb = re.sub(
+                r"^(has|is) ", lambda m: {"has": "have ", "is": "are "}[m.group(1)], issue
+            )
+        parts.append(f"{names} {verb}{detail}")
+    return "; ".join(parts)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _gb(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return round(float(value) / GIB, 1)
+
+
+# --------------------------------------------------------------------------- running commands
+
+
+def _result(argv: Sequence[str], rc: int, stdout: str, stderr: str) -> dict[str, Any]:
+    return {"argv": list(argv), "rc": rc, "stdout": stdout, "stderr": stderr}
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # our child leads its own session
+    except OSError:
+        proc.kill()
+
+
+def run_command(
+    argv: Sequence[str], timeout: float = 20.0, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run argv; {"argv", "rc", "stdout", "stderr"}. Never raises.
+
+    A missing program is rc 127 and an unexecutable one rc 126, with the error in
+    stderr; a run past timeout is killed (with its process group) and is rc 124.
+    """
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        return _result(argv, RC_NOT_FOUND, "", f"{argv[0]}: command not found ({exc.strerror})")
+    except PermissionError as exc:
+        return _result(argv, RC_NOT_EXECUTABLE, "", f"{argv[0]}: {exc.strerror}")
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return _result(argv, RC_NOT_EXECUTABLE, "", f"{argv[0]}: {exc}")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=2.0)
+        except subprocess.TimeoutExpired:  # a grandchild holds the pipes open
+            out, err = b"", b""
+        note = f"{argv[0]}: timed out after {timeout:g} s\n"
+        return _result(argv, RC_TIMEOUT, _decode(out), note + _decode(err))
+    return _result(argv, proc.returncode, _decode(out), _decode(err))
+
+
+def _tool_env() -> dict[str, str]:
+    env = dict(os.environ)
+    parts = [p for p in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep) if p]
+    parts += [extra for extra in EXTRA_PATH if extra not in parts]
+    env["PATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _gpu_commands(timeout: float, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """amd-smi list, then rocm-smi only when amd-smi is missing or lists no GPU."""
+    results = {"amd_smi_list": run_command(AMD_SMI_LIST, timeout, env)}
+    try:
+        listed = bool(parse_amd_smi_list(results["amd_smi_list"]["stdout"]))
+    except ParseError:
+        listed = False
+    if results["amd_smi_list"]["rc"] != 0 or not listed:
+        results["rocm_smi"] = run_command(ROCM_SMI, timeout, env)
+    return results
+
+
+# --------------------------------------------------------------------------- host facts
+
+
+def _read_os_release() -> dict[str, str]:
+    for candidate in OS_RELEASE_PATHS:
+        try:
+            text = Path(candidate).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        values: dict[str, str] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() in ("PRETTY_NAME", "ID", "VERSION_ID"):
+                try:
+                    words = shlex.split(value)
+                except ValueError:
+                    words = [value.strip().strip("\"'")]
+                values[key.strip()] = words[0] if words else ""
+        return {
+            "pretty_name": values.get("PRETTY_NAME", ""),
+            "id": values.get("ID", ""),
+            "version_id": values.get("VERSION_ID", ""),
+        }
+    return {"pretty_name": "", "id": "", "version_id": ""}
+
+
+def _memory_bytes() -> int | None:
+    try:
+        text = Path(MEMINFO_PATH).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _storage(paths: Sequence[str]) -> dict[str, Any]:
+    for candidate in paths:
+        if Path(candidate).exists():
+            try:
+                free: int | None = shutil.disk_usage(candidate).free
+                error = None
+            except OSError as exc:
+                free, error = None, exc.strerror or str(exc)
+            return {
+                "path": candidate,
+                "free_bytes": free,
+                "error": error,
+                "candidates": list(paths),
+            }
+    return {"path": None, "free_bytes": None, "error": None, "candidates": list(paths)}
+
+
+def _provider(provider_lib: str) -> dict[str, Any]:
+    name = Path(provider_lib).name
+    elsewhere = [
+        str(Path(d) / name)
+        for d in PROVIDER_DIRS
+        if str(Path(d) / name) != provider_lib and (Path(d) / name).is_file()
+    ]
+    return {"path": provider_lib, "exists": Path(provider_lib).is_file(), "elsewhere": elsewhere}
+
+
+def _render_nodes() -> list[str]:
+    return sorted(str(p) for p in Path(DRI_DIR).glob("renderD*"))
+
+
+def _safe(fn: Callable[[], Any], default: Any) -> Any:
+    try:
+        return fn()
+    except Exception:  # a fact we cannot read must not cost the others
+        return default
+
+
+def probe_peer(address: str, port: int, timeout: float | None = None) -> dict[str, Any]:
+    """Whether a TCP connect to address:port succeeds within timeout (CONNECT_TIMEOUT)."""
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
+    entry: dict[str, Any] = {"address": address, "port": port, "ok": False, "error": None}
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            entry["ok"] = True
+    except (TimeoutError, socket.timeout):  # noqa: UP041 - distinct classes before Python 3.10
+        entry["error"] = f"timed out after {timeout:g} s"
+    except socket.gaierror as exc:
+        entry["error"] = f"cannot resolve {address}: {exc.strerror or exc}"
+    except OSError as exc:
+        entry["error"] = exc.strerror or str(exc)
+    except (ValueError, TypeError, OverflowError) as exc:
+        entry["error"] = f"invalid peer: {exc}"
+    return entry
+
+
+def _peer_job(peer: object) -> Callable[[], dict[str, Any]]:
+    if (
+        isinstance(peer, (list, tuple))
+        and len(peer) == 2
+        and isinstance(peer[0], str)
+        and isinstance(peer[1], int)
+        and not isinstance(peer[1], bool)
+    ):
+        address, port = peer[0], peer[1]
+        return lambda: probe_peer(address, port)
+    bad = {"address": str(peer), "port": None, "ok": False, "error": "invalid peer"}
+    return lambda: bad
+
+
+def collect(
+    provider_lib: str,
+    storage_paths: list[str],
+    peers: list[tuple[str, int]],
+    timeout: float = 20.0,
+) -> dict[str, Any]:
+    """Observe this host: tool outputs, a few files, TCP reachability of peers.
+
+    Runs ON the host. Commands and peer probes run concurrently, each command
+    with its own timeout; nothing here raises. The result is JSON-serialisable.
+    """
+    started = time.monotonic()
+    env = _tool_env()
+    search_path = env["PATH"]
+    jobs: dict[str, Callable[[], Any]] = {}
+    for key, argv in COMMANDS:
+        jobs[key] = functools.partial(run_command, argv, timeout, env)
+    jobs["gpu"] = lambda: _gpu_commands(timeout, env)
+    for runtime in RUNTIMES:
+        if shutil.which(runtime, path=search_path):
+            jobs[f"{runtime}_info"] = functools.partial(
+                run_command, RUNTIME_INFO[runtime], timeout, env
+            )
+    peer_jobs = [_peer_job(peer) for peer in peers or []]
+    workers = len(jobs) + min(len(peer_jobs), 64)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        futures = {key: pool.submit(job) for key, job in jobs.items()}
+        peer_futures = [pool.submit(job) for job in peer_jobs]
+        raw: dict[str, Any] = {
+            "schema": SCHEMA,
+            "hostname": _safe(socket.gethostname, ""),
+            "os": _safe(_read_os_release, {"pretty_name": "", "id": "", "version_id": ""}),
+            "kernel": _safe(platform.release, ""),
+            "cpus": _safe(os.cpu_count, None),
+            "memory_bytes": _safe(_memory_bytes, None),
+            "storage": _safe(lambda: _storage(list(storage_paths or [])), {"path": None}),
+            "kfd": _safe(lambda: Path(KFD_PATH).exists(), False),
+            "render_nodes": _safe(_render_nodes, []),
+            "provider_lib": _safe(lambda: _provider(provider_lib), {"path": provider_lib}),
+            "systemd": _safe(lambda: Path(SYSTEMD_RUN_DIR).is_dir(), False),
+            "python": platform.python_version(),
+        }
+        done: dict[str, Any] = {}
+        for key, future in futures.items():
+            try:
+                value = future.result()
+            except Exception as exc:  # run_command never raises; this is a last resort
+                value = _result([key], RC_NOT_EXECUTABLE, "", f"{key}: {exc}")
+            if key == "gpu" and isinstance(value, dict):
+                done.update(value)
+            else:
+                done[key] = value
+        raw["commands"] = {key: done[key] for key in COMMAND_ORDER if key in done}
+        raw["reach"] = [future.result() for future in peer_futures]
+    raw["elapsed_s"] = round(time.monotonic() - started, 3)
+    return raw
+
+
+# --------------------------------------------------------------------------- ibverbs parsers
+
+
+@dataclass
+class Gid:
+    index: int
+    address: str
+    kind: str  # "RoCE v2", "RoCE v1"; "" when not shown (InfiniBand, old rdma-core)
+
+
+@dataclass
+class RdmaPort:
+    number: int
+    state: str  # "PORT_ACTIVE", "PORT_DOWN", ...
+    state_code: int  # 4 for PORT_ACTIVE; -1 when not printed
+    link_layer: str = ""
+    active_mtu: int | None = None
+    gids: list[Gid] = field(default_factory=list)
+
+    def gid(self, index: int) -> Gid | None:
+        return next((gid for gid in self.gids if gid.index == index), None)
+
+
+@dataclass
+class RdmaDevice:
+    name: str
+    node_guid: str = ""
+    fw_ver: str = ""
+    vendor_id: str = ""
+    ports: list[RdmaPort] = field(default_factory=list)
+
+    def port(self, number: int) -> RdmaPort | None:
+        return next((port for port in self.ports if port.number == number), None)
+
+
+_DEVICES_HEADER = re.compile(r"^\s*device\s+node GUID\s*$")
+_DEVICES_RULE = re.compile(r"^\s*-+\s+-+\s*$")
+_DEVICES_ROW = re.compile(r"^\s*(\S+)\s+([0-9a-fA-F]{16})\s*$")
+_GID_LINE = re.compile(r"^GID\[\s*(\d+)\]:\s*(\S+?)(?:,\s*(.*?))?\s*$")
+_CODED = re.compile(r"^(.*?)\s*\((-?\d+)\)$")
+_PORT_STATES = {"PORT_DOWN": 1, "PORT_INIT": 2, "PORT_ARMED": 3, "PORT_ACTIVE": 4}
+_NO_DEVICE_LINES = ("No IB devices found", "Failed to get IB devices list")
+
+
+def parse_ibv_devices(stdout: str) -> list[tuple[str, str]]:
+    """(device, node GUID) pairs from ``ibv_devices``; [] for the header alone."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if lines and lines[0].strip().startswith("Failed to get IB devices list"):
+        raise ParseError(f"ibv_devices could not list devices: {_snippet(lines[0])}")
+    if not lines or not _DEVICES_HEADER.match(lines[0]):
+        got = _snippet(lines[0]) if lines else "empty output"
+        raise ParseError(f"expected ibv_devices' header 'device  node GUID', got {got!r}")
+    devices: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if _DEVICES_RULE.match(line):
+            continue
+        match = _DEVICES_ROW.match(line)
+        if not match:
+            raise ParseError(
+                "expected an ibv_devices row '<device> <16 hex digit GUID>', "
+                f"got {_snippet(line)!r}"
+            )
+        devices.append((match.group(1), match.group(2).lower()))
+    return devices
+
+
+def _coded(value: str) -> tuple[str, int | None]:
+    """'PORT_ACTIVE (4)' -> ('PORT_ACTIVE', 4); 'Ethernet' -> ('Ethernet', None)."""
+    match = _CODED.match(value)
+    if match:
+        return match.group(1).strip(), int(match.group(2))
+    return value.strip(), None
+
+
+def _set_device_field(device: RdmaDevice, key: str, value: str) -> None:
+    if key == "node_guid":
+        device.node_guid = value
+    elif key == "fw_ver":
+        device.fw_ver = value
+    elif key == "vendor_id":
+        device.vendor_id = value
+
+
+def _set_port_field(port: RdmaPort, key: str, value: str) -> None:
+    if key == "state":
+        state, code = _coded(value)
+        port.state = state
+        port.state_code = code if code is not None else _PORT_STATES.get(state, -1)
+    elif key == "link_layer":
+        port.link_layer = value
+    elif key == "active_mtu":
+        mtu = _coded(value)[0]
+        port.active_mtu = int(mtu) if mtu.isdigit() else None
+
+
+def _devinfo_line(
+    devices: list[RdmaDevice], line: str, number: int
+) -> tuple[RdmaDevice, RdmaPort | None] | None:
+    """Handle a line that opens a device or a port; None for any other line."""
+    key, sep, value = (part.strip() for part in line.partition(":"))
+    if key == "hca_id" and sep and value:
+        devices.append(RdmaDevice(name=value))
+        return devices[-1], None
+    if not devices:
+        if line.startswith(_NO_DEVICE_LINES):
+            raise ParseError(f"ibv_devinfo found no device: {_snippet(line)}")
+        raise ParseError(
+            f"line {number}: expected ibv_devinfo to start with 'hca_id:<TAB><device>', "
+            f"got {_snippet(line)!r}"
+        )
+    if key == "port" and sep:
+        if not value.isdigit():
+            raise ParseError(f"line {number}: expected a port number after 'port:', got {value!r}")
+        port = RdmaPort(number=int(value), state="", state_code=-1)
+        devices[-1].ports.append(port)
+        return devices[-1], port
+    return None
+
+
+def parse_ibv_devinfo(stdout: str) -> list[RdmaDevice]:
+    """Devices, ports and GID tables from ``ibv_devinfo [-v]``; [] for empty output.
+
+    Tolerates tabs turned into spaces (copies from web pages), unknown keys, and
+    rdma-core versions that print GIDs without their type.
+    """
+    devices: list[RdmaDevice] = []
+    port: RdmaPort | None = None
+    for number, raw_line in enumerate(stdout.splitlines(), 1):
+        line = raw_line.strip()
+        if not line:
+            continue
+        gid = _GID_LINE.match(line)
+        if gid and port is not None:
+            port.gids.append(Gid(int(gid.group(1)), gid.group(2), gid.group(3) or ""))
+            continue
+        opened = _devinfo_line(devices, line, number)
+        if opened is not None:
+            port = opened[1]
+            continue
+        key, sep, value = (part.strip() for part in line.partition(":"))
+        if sep and port is not None:
+            _set_port_field(port, key, value)
+        elif sep:
+            _set_device_field(devices[-1], key, value)
+    for dev in devices:
+        for p in dev.ports:
+            if not p.state:
+                raise ParseError(f"expected a 'state:' line in port {p.number} of {dev.name}")
+    return devices
+
+
+def provider_warnings(stderr: str) -> list[str]:
+    """libibverbs' provider warnings, deduplicated, in order.
+
+    Chiefly "couldn't load driver '<lib>': <why>", but also "Driver <x> does not
+    support the kernel ABI ..." and "no userspace device-specific driver found
+    ...": every way libibverbs says a device's provider is unusable.
+    """
+    return _unique(
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip().startswith("libibverbs: Warning")
+    )
+
+
+# --------------------------------------------------------------------------- GPU parsers
+
+
+def _load_json(text: str, what: str) -> Any:
+    stripped = text.strip()
+    if not stripped:
+        raise ParseError(f"expected JSON from {what}, got empty output")
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        pass
+    # Some builds print warnings (Python SyntaxWarnings, "WARNING: ...") ahead of the document.
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"^[\[{]", stripped, re.MULTILINE):
+        try:
+            return decoder.raw_decode(stripped, match.start())[0]
+        except ValueError:
+            continue
+    raise ParseError(f"expected JSON from {what}, got {_snippet(stripped)!r}")
+
+
+def _gpu_records(data: object, what: str) -> list[dict[str, Any]]:
+    if isinstance(data, dict) and "gpu_data" in data:
+        data = data["gpu_data"]  # amd-smi >= 26 wraps its list
+    if not isinstance(data, list):
+        kind = f"an object with keys {sorted(data)[:5]}" if isinstance(data, dict) else type(data)
+        raise ParseError(
+            f'expected a JSON list of GPU records or {{"gpu_data": [...]}} from {what}, got {kind}'
+        )
+    for index, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise ParseError(f"expected GPU record {index} from {what} to be an object")
+    return data
+
+
+def parse_amd_smi_list(text: str) -> list[dict[str, Any]]:
+    """GPU records ({"gpu", "bdf", "uuid", ...}) from ``amd-smi list --json``."""
+    return _gpu_records(_load_json(text, "amd-smi list --json"), "amd-smi list --json")
+
+
+def _market_name(record: dict[str, Any], index: int) -> str:
+    asic = record.get("asic")
+    if not isinstance(asic, dict):
+        raise ParseError(
+            f"expected an 'asic' object in GPU record {index} of amd-smi static --asic --json"
+        )
+    name = asic.get("market_name")
+    if isinstance(name, str) and name.strip() and name.strip() != "N/A":
+        return name.strip()
+    board = record.get("board")
+    product = board.get("product_name") if isinstance(board, dict) else None
+    if isinstance(product, str) and product.strip() and product.strip() != "N/A":
+        return product.strip()
+    raise ParseError(f"expected asic.market_name in GPU record {index}, got {name!r}")
+
+
+def parse_amd_smi_static(text: str) -> list[str]:
+    """Market names, one per GPU, from ``amd-smi static --asic --json``."""
+    what = "amd-smi static --asic --json"
+    records = _gpu_records(_load_json(text, what), what)
+    return [_market_name(record, index) for index, record in enumerate(records)]
+
+
+def parse_rocm_smi_products(text: str) -> list[str]:
+    """Card series, one per card, from ``rocm-smi --showproductname --json``.
+
+    Empty output is [] (rocm-smi prints nothing but a warning when it sees no
+    GPU, and exits 0). The key is "Card Series" or "Card series" by version.
+    """
+    if not text.strip():
+        return []
+    data = _load_json(text, "rocm-smi --showproductname --json")
+    if not isinstance(data, dict):
+        raise ParseError('expected a JSON object {"card0": {...}} from rocm-smi --showproductname')
+    names: list[str] = []
+    for card, fields in data.items():
+        if not str(card).lower().startswith("card"):
+            continue  # "system" and similar
+        if not isinstance(fields, dict):
+            raise ParseError(f"expected {card} to be an object in rocm-smi's JSON")
+        series = next((v for k, v in fields.items() if str(k).lower() == "card series"), None)
+        if not isinstance(series, str):
+            raise ParseError(f"expected a 'Card Series' key for {card} in rocm-smi's JSON")
+        names.append(series.strip())
+    return names
+
+
+# --------------------------------------------------------------------------- interpretation
+
+
+def _command(raw: dict[str, Any], key: str) -> dict[str, Any] | None:
+    commands = raw.get("commands")
+    cmd = commands.get(key) if isinstance(commands, dict) else None
+    if not isinstance(cmd, dict) or not isinstance(cmd.get("rc"), int):
+        return None
+    return {
+        "argv": cmd.get("argv") or [key],
+        "rc": cmd["rc"],
+        "stdout": str(cmd.get("stdout") or ""),
+        "stderr": str(cmd.get("stderr") or ""),
+    }
+
+
+def _stderr_summary(cmd: dict[str, Any]) -> str:
+    """The line that says why a command failed: the first that is not a provider warning."""
+    lines = [line.strip() for line in cmd["stderr"].splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith("libibverbs: Warning")]
+    if useful:
+        return _clip(useful[0], 100)
+    if lines:
+        return _clip(lines[0], 100)
+    return f"exit status {cmd['rc']}, no error text"
+
+
+def _label(cmd: dict[str, Any]) -> str:
+    return " ".join(str(part) for part in cmd["argv"])
+
+
+def _installed(cmd: dict[str, Any] | None) -> bool:
+    return cmd is not None and cmd["rc"] != RC_NOT_FOUND
+
+
+def _parse(
+    cmd: dict[str, Any] | None, parser: Callable[[str], Any], errors: list[str]
+) -> Any | None:
+    """parser(stdout), or None with the reason appended to errors. A missing tool is no error."""
+    if cmd is None or cmd["rc"] == RC_NOT_FOUND:
+        return None
+    if cmd["rc"] != 0 and not cmd["stdout"].strip():
+        errors.append(f"{_label(cmd)} exited {cmd['rc']}: {_stderr_summary(cmd)}")
+        return None
+    try:
+        return parser(cmd["stdout"])
+    except ParseError as exc:
+        if cmd["rc"] != 0:
+            errors.append(f"{_label(cmd)} exited {cmd['rc']}: {_stderr_summary(cmd)}")
+        else:
+            errors.append(f"{_label(cmd)}: {exc}")
+        return None
+
+
+def _model(names: Sequence[str]) -> str | None:
+    distinct = _unique(names)
+    return ", ".join(distinct) if distinct else None
+
+
+@dataclass
+class _View:
+    """What the raw document says, parsed once for facts() and evaluate()."""
+
+    errors: list[str]
+    gpus: dict[str, Any]
+    gpu_tools: bool  # amd-smi or rocm-smi is installed
+    listed: list[str] | None  # ibv_devices' names; None when it did not run or parse
+    devinfo: list[RdmaDevice] | None
+    warnings: list[str]
+    runtime: dict[str, Any]
+    runtime_error: str | None
+
+
+def _gpu_view(raw: dict[str, Any], errors: list[str]) -> tuple[dict[str, Any], bool]:
+    amd_list, amd_static = _command(raw, "amd_smi_list"), _command(raw, "amd_smi_static")
+    rocm = _command(raw, "rocm_smi")
+    records = _parse(amd_list, parse_amd_smi_list, errors)
+    gpus: dict[str, Any] = {"count": 0, "model": None, "source": None, "bdfs": []}
+    if records:
+        names = _parse(amd_static, parse_amd_smi_static, errors)
+        bdfs = [str(r["bdf"]) for r in records if isinstance(r.get("bdf"), str)]
+        gpus.update(count=len(records), model=_model(names or []), source="amd-smi", bdfs=bdfs)
+        return gpus, True
+    series = _parse(rocm, parse_rocm_smi_products, errors)
+    if rocm is not None and rocm["rc"] == 0:
+        # rocm-smi exits 0 even when the driver is not loaded; its ERROR lines say so.
+        errors += [
+            f"{_label(rocm)}: {_clip(line.strip(), 100)}"
+            for line in rocm["stderr"].splitlines()
+            if line.strip().startswith("ERROR")
+        ]
+    if series:
+        gpus.update(count=len(series), model=_model(series), source="rocm-smi")
+    elif records is not None:
+        gpus["source"] = "amd-smi"
+    elif series is not None:
+        gpus["source"] = "rocm-smi"
+    return gpus, _installed(amd_list) or _installed(rocm)
+
+
+def _runtime_view(raw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """{"name", "version", "usable"} and, when not usable, why."""
+    found: list[tuple[str, str, dict[str, Any] | None]] = []
+    for name in RUNTIMES:
+        cmd = _command(raw, f"{name}_version")
+        if cmd is None or cmd["rc"] != 0:
+            continue
+        match = re.search(r"\bversion\s+v?(\d[^\s,]*)", cmd["stdout"])
+        version = match.group(1) if match else _snippet(cmd["stdout"], 40)
+        if name == "docker" and cmd["stdout"].strip().lower().startswith("podman"):
+            if any(n == "podman" for n, _, _ in found):
+                continue  # podman-docker's shim: the same runtime
+            name = "podman"  # noqa: PLW2901 - the shim is podman under another name
+        found.append((name, version, _command(raw, f"{name}_info")))
+    if not found:
+        return {"name": None, "version": None, "usable": False}, None
+    judged = [(name, version, _info_problem(name, info)) for name, version, info in found]
+    name, version, problem = next((j for j in judged if j[2] is None), judged[0])
+    return {"name": name, "version": version, "usable": problem is None}, problem
+
+
+def _info_problem(name: str, info: dict[str, Any] | None) -> str | None:
+    if info is None:
+        return f"`{name} info` was not run"
+    if info["rc"] != 0:
+        return _stderr_summary(info)
+    if name == "docker":
+        # docker info can exit 0 with the daemon unreachable (docker/cli#5900); the JSON says so.
+        try:
+            data = json.loads(info["stdout"])
+        except ValueError:
+            return f"unexpected `docker info` output: {_snippet(info['stdout'], 60)!r}"
+        server_errors = data.get("ServerErrors") if isinstance(data, dict) else None
+        if server_errors:
+            return _clip(str(server_errors[0]), 100)
+    return None
+
+
+def _view(raw: dict[str, Any]) -> _View:
+    errors: list[str] = []
+    gpus, gpu_tools = _gpu_view(raw, errors)
+    devices_cmd, devinfo_cmd = _command(raw, "ibv_devices"), _command(raw, "ibv_devinfo")
+    pairs = _parse(devices_cmd, parse_ibv_devices, errors)
+    devinfo = None
+    if devinfo_cmd is not None and devinfo_cmd["rc"] != RC_NOT_FOUND:
+        if "hca_id" in devinfo_cmd["stdout"] or devinfo_cmd["rc"] == 0:
+            devinfo = _parse(devinfo_cmd, parse_ibv_devinfo, errors)
+        else:  # "No IB devices found" (exit 255) is an answer: no device
+            devinfo = []
+            if "No IB devices found" not in devinfo_cmd["stderr"]:
+                errors.append(
+                    f"{_label(devinfo_cmd)} exited {devinfo_cmd['rc']}: "
+                    f"{_stderr_summary(devinfo_cmd)}"
+                )
+    warnings = _unique(
+        w
+        for cmd in (devices_cmd, devinfo_cmd)
+        if cmd is not None
+        for w in provider_warnings(cmd["stderr"])
+    )
+    runtime, runtime_error = _runtime_view(raw)
+    if runtime["name"] and runtime_error:
+        errors.append(f"{runtime['name']} info: {runtime_error}")
+    return _View(
+        errors=errors,
+        gpus=gpus,
+        gpu_tools=gpu_tools,
+        listed=[name for name, _ in pairs] if pairs is not None else None,
+        devinfo=devinfo,
+        warnings=warnings,
+        runtime=runtime,
+        runtime_error=runtime_error,
+    )
+
+
+def _device_facts(view: _View) -> list[dict[str, Any]]:
+    devices = [
+        {
+            "name": dev.name,
+            "ports": [
+                {
+                    "port": p.number,
+                    "state": p.state,
+                    "link_layer": p.link_layer,
+                    "gids": [
+                        {"index": g.index, "address": g.address, "kind": g.kind} for g in p.gids
+                    ],
+                }
+                for p in dev.ports
+            ],
+        }
+        for dev in view.devinfo or []
+    ]
+    known = {dev["name"] for dev in devices}
+    devices += [{"name": n, "ports": []} for n in view.listed or [] if n not in known]
+    return devices
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def facts(raw: dict[str, Any]) -> dict[str, Any]:
+    """The per-host summary pdctl stores. Never raises: problems land in "errors"."""
+    raw = _dict(raw)
+    try:
+        view = _view(raw)
+    except Exception as exc:  # a raw document no collect() wrote
+        view = _View([f"unreadable observations: {exc}"], {}, False, None, None, [], {}, None)
+    os_release, storage = _dict(raw.get("os")), _dict(raw.get("storage"))
+    provider = _dict(raw.get("provider_lib"))
+    render_nodes = raw.get("render_nodes")
+    cpus = raw.get("cpus")
+    return {
+        "hostname": str(raw.get("hostname") or ""),
+        "os": {
+            "pretty_name": str(os_release.get("pretty_name") or ""),
+            "id": str(os_release.get("id") or ""),
+            "version_id": str(os_release.get("version_id") or ""),
+        },
+        "kernel": str(raw.get("kernel") or ""),
+        "cpus": cpus if isinstance(cpus, int) else None,
+        "memory_gb": _gb(raw.get("memory_bytes")),
+        "disk_free_gb": _gb(storage.get("free_bytes")),
+        "disk_path": storage.get("path") if isinstance(storage.get("path"), str) else None,
+        "systemd": raw.get("systemd") is True,
+        "python": str(raw.get("python") or ""),
+        "gpus": {
+            "count": view.gpus.get("count", 0),
+            "model": view.gpus.get("model"),
+            "source": view.gpus.get("source"),
+            "bdfs": view.gpus.get("bdfs", []),
+        },
+        "kfd": raw.get("kfd") is True,
+        "render_nodes": len(render_nodes) if isinstance(render_nodes, list) else 0,
+        "rdma": {
+            "devices": _device_facts(view),
+            "provider_lib": provider.get("exists") is True,
+            "warnings": view.warnings,
+        },
+        "runtime": {
+            "name": view.runtime.get("name"),
+            "version": view.runtime.get("version"),
+            "usable": view.runtime.get("usable", False),
+        },
+        "errors": view.errors,
+    }
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass
+class Expectations:
+    """What a host of a fleet must have; kind "cpu" hosts skip the GPU/RDMA checks."""
+
+    kind: str  # "gpu" | "cpu"
+    gpus: int = 8
+    gpu_model: str | None = "MI300X"
+    nics: int = 8
+    nic_prefix: str = "bnxt_re"
+    provider_lib: str = DEFAULT_PROVIDER_LIB
+    gid_index: int = 3
+    min_disk_gb: float = 50.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("gpu", "cpu"):
+            raise ValueError(f"Expectations.kind must be 'gpu' or 'cpu', got {self.kind!r}")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    message: str
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _expected_nics(expect: Expectations) -> list[str]:
+    return [f"{expect.nic_prefix}{i}" for i in range(expect.nics)]
+
+
+def _nic_range(expect: Expectations) -> str:
+    if expect.nics == 1:
+        return f"{expect.nic_prefix}0"
+    return f"{expect.nic_prefix}0..{expect.nic_prefix}{expect.nics - 1}"
+
+
+def _driver(expect: Expectations) -> str:
+    return expect.nic_prefix.rstrip("_0123456789") or expect.nic_prefix
+
+
+def _provider_stem(path: str) -> str:
+    """libbnxt_re-rdmav34.so -> bnxt_re (the name libibverbs also uses for it)."""
+    match = re.match(r"^lib(.+?)-rdmav\d+\.so", Path(path).name)
+    return match.group(1) if match else Path(path).name
+
+
+def _relevant_warnings(view: _View, expect: Expectations) -> list[str]:
+    stem = _provider_stem(expect.provider_lib)
+    return [w for w in view.warnings if stem in w]
+
+
+def _warning_detail(warning: str) -> str:
+    text = warning.split("Warning:", 1)[-1].strip()
+    match = re.match(r"couldn't load driver '([^']*)':\s*(.*)$", text)
+    if match:
+        reason = match.group(2)
+        # "libx.so: cannot open shared object file: ..." repeats the name first
+        prefix = match.group(1) + ": "
+        return reason[len(prefix) :] if reason.startswith(prefix) else reason
+    return text
+
+
+def _check_systemd(host: str, raw: dict[str, Any]) -> Check:
+    cmd = _command(raw, "systemctl")
+    state = _snippet(cmd["stdout"], 30) if cmd and cmd["stdout"].strip() else "unknown"
+    if raw.get("systemd") is not True:
+        return Check(
+            "systemd",
+            False,
+            f"{host}: systemd is not PID 1 (/run/systemd/system is missing); pdctl runs workers "
+            "as systemd units, so boot the host with systemd as init",
+        )
+    if state == "running":
+        return Check("systemd", True, f"{host}: systemd is PID 1 and running")
+    if state == "degraded":
+        return Check(
+            "systemd",
+            True,
+            f"{host}: systemd is PID 1 but degraded (some unit failed: systemctl --failed)",
+        )
+    hint = (
+        "it is still booting: re-run the check in a minute"
+        if state in ("starting", "initializing")
+        else "see systemctl --failed and journalctl -b"
+    )
+    return Check("systemd", False, f"{host}: systemd reports {state!r}; {hint}")
+
+
+def _check_gpus(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+    gpus, count = view.gpus, int(view.gpus.get("count") or 0)
+    source, model = gpus.get("source") or "amd-smi", gpus.get("model")
+    want = f"{expect.gpus} {expect.gpu_model or 'AMD'} GPU{'s' if expect.gpus != 1 else ''}"
+    if raw.get("kfd") is not True:
+        problem = (
+            "/dev/kfd is missing, so the amdgpu driver is not loaded; load it (modprobe amdgpu) "
+            "and check dmesg | grep -i amdgpu"
+        )
+    elif not view.gpu_tools:
+        problem = (
+            "neither amd-smi nor rocm-smi is installed; install ROCm's amd-smi (amd-smi-lib) "
+            "so GPUs can be counted"
+        )
+    elif gpus.get("source") is None:
+        why = next((e for e in view.errors if "smi" in e), "no output")
+        problem = (
+            f"no GPU tool could list GPUs ({_clip(why, 110)}); check the amdgpu driver "
+            "(dmesg | grep -i amdgpu) and the ROCm install"
+        )
+    elif count > expect.gpus:
+        problem = (
+            f"{source} lists {count} GPUs, expected {want}; a compute partition mode (CPX) or "
+            "an extra card changes the count: see amd-smi list"
+        )
+    elif count < expect.gpus:
+        problem = (
+            f"{source} lists {count} GPU{'s' if count != 1 else ''}, expected {want}; find the "
+            "missing one with amd-smi list and dmesg | grep -i amdgpu (a GPU that fails to "
+            "initialise drops out of the list)"
+        )
+    elif expect.gpu_model and not model:
+        problem = (
+            f"could not read the GPU model (expected {expect.gpu_model}); run amd-smi static "
+            "--asic to see why"
+        )
+    elif expect.gpu_model and expect.gpu_model.lower() not in str(model).lower():
+        problem = (
+            f"the GPUs are {model}, expected {expect.gpu_model}; put this host in a fleet for "
+            "its GPU model or change the fleet's gpu_model"
+        )
+    else:
+        return Check(
+            "gpus", True, f"{host}: {count} x {model or 'GPU'} ({source}), /dev/kfd present"
+        )
+    return Check("gpus", False, f"{host}: {problem}")
+
+
+def _present(view: _View) -> list[str]:
+    names = list(view.listed or [])
+    names += [dev.name for dev in view.devinfo or [] if dev.name not in names]
+    return names
+
+
+def _check_rdma_devices(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+    expected = _expected_nics(expect)
+    if not expected:
+        return Check("rdma_devices", True, f"{host}: no RDMA NIC expected")
+    cmd = _command(raw, "ibv_devices")
+    if not _installed(cmd):
+        return Check(
+            "rdma_devices",
+            False,
+            f"{host}: ibv_devices is not installed; install rdma-core's tools "
+            "(apt install ibverbs-utils, or dnf install libibverbs-utils)",
+        )
+    if view.listed is None and cmd is not None:
+        why = next((e for e in view.errors if e.startswith("ibv_devices")), _stderr_summary(cmd))
+        return Check(
+            "rdma_devices",
+            False,
+            f"{host}: {_clip(why, 140)}; load the RDMA stack (modprobe {_driver(expect)} "
+            "ib_uverbs) and check dmesg | grep bnxt",
+        )
+    listed = set(view.listed or [])
+    missing = [name for name in expected if name not in listed]
+    if not missing:
+        return Check("rdma_devices", True, f"{host}: ibv_devices lists {_nic_range(expect)}")
+    if _relevant_warnings(view, expect):
+        fix = (
+            f"libibverbs could not load its {_provider_stem(expect.provider_lib)} provider "
+            "library, so no device shows: fix provider_lib first"
+        )
+    else:
+        fix = (
+            f"check that the {_driver(expect)} driver is loaded and the NIC is cabled "
+            f"(ibv_devices, dmesg | grep {_driver(expect).split('_')[0]})"
+        )
+    return Check(
+        "rdma_devices",
+        False,
+        f"{host}: ibv_devices does not list {_named_list(missing, 16)} "
+        f"(expected {_nic_range(expect)}); {fix}",
+    )
+
+
+def _port_problem(view: _View, name: str) -> tuple[str, str, str] | None:
+    device = next((dev for dev in view.devinfo or [] if dev.name == name), None)
+    if device is None:
+        return name, "is missing from ibv_devinfo", ""
+    port = device.port(1)
+    if port is None:
+        return name, "has no port 1 in ibv_devinfo", ""
+    if port.state != "PORT_ACTIVE":
+        return name, f"port 1 is {port.state} ({port.state_code})", ""
+    if port.link_layer != "Ethernet":
+        layer = port.link_layer or "not shown"
+        return name, f"port 1 link_layer is {layer}, expected Ethernet", ""
+    return None
+
+
+def _check_rdma_ports(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+    present = set(_present(view))
+    names = [name for name in _expected_nics(expect) if name in present]
+    if not _expected_nics(expect):
+        return Check("rdma_ports", True, f"{host}: no RDMA NIC expected")
+    cmd = _command(raw, "ibv_devinfo")
+    if not _installed(cmd):
+        return Check(
+            "rdma_ports",
+            False,
+            f"{host}: ibv_devinfo is not installed; install rdma-core's tools "
+            "(apt install ibverbs-utils, or dnf install libibverbs-utils)",
+        )
+    if not names:
+        return Check(
+            "rdma_ports",
+            False,
+            f"{host}: no {expect.nic_prefix} device to check ports on; fix rdma_devices first",
+        )
+    if view.devinfo is None and cmd is not None:
+        why = next((e for e in view.errors if e.startswith("ibv_devinfo")), _stderr_summary(cmd))
+        return Check(
+            "rdma_ports",
+            False,
+            f"{host}: cannot read port states: {_clip(why, 150)}; run ibv_devinfo -v to see why",
+        )
+    problems = [p for p in (_port_problem(view, name) for name in names) if p]
+    if not problems:
+        return Check(
+            "rdma_ports",
+            True,
+            f"{host}: port 1 is PORT_ACTIVE (Ethernet) on {len(names)} {expect.nic_prefix} devices",
+        )
+    return Check(
+        "rdma_ports",
+        False,
+        f"{host}: {_grouped(problems)}; bring the links up (cables, switch ports, "
+        "ip link; ibv_devinfo -d DEV)",
+    )
+
+
+def _check_provider_lib(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+    provider = _dict(raw.get("provider_lib"))
+    path = str(provider.get("path") or expect.provider_lib)
+    soname = Path(path).name
+    exists = provider.get("exists") is True
+    relevant = _relevant_warnings(view, expect)
+    if relevant:
+        detail = _clip(_warning_detail(relevant[0]), 90)
+        fix = (
+            f"{path} is missing: install Broadcom's RoCE provider library ({soname}) there"
+            if not exists
+            else f"{path} exists but does not suit this libibverbs/kernel: install the matching one"
+        )
+        return Check(
+            "provider_lib", False, f"{host}: libibverbs could not load {soname}: {detail}; {fix}"
+        )
+    if not exists:
+        elsewhere = [str(p) for p in provider.get("elsewhere") or []]
+        fix = (
+            f"it is at {elsewhere[0]}: set provider_lib to that path"
+            if elsewhere
+            else f"install Broadcom's RoCE provider library ({soname}) there"
+        )
+        return Check(
+            "provider_lib",
+            False,
+            f"{host}: {soname} not found at {path} (the worker containers bind-mount it from "
+            f"there); {fix}",
+        )
+    return Check("provider_lib", True, f"{host}: {soname} present at {path}")
+
+
+def _gid_problem(view: _View, name: str, index: int) -> tuple[str, str, str] | None:
+    device = next((dev for dev in view.devinfo or [] if dev.name == name), None)
+    port = device.port(1) if device else None
+    if port is None:
+        return None
+    gid = port.gid(index)
+    if gid is None:
+        shown = ", ".join(str(g.index) for g in port.gids[:6]) or "none"
+        return name, f"has no GID[{index}]", f"(indexes shown: {shown})"
+    if gid.kind != "RoCE v2":
+        return name, f"GID[{index}] is {gid.kind or 'untyped'}", f"({_clip(gid.address, 40)})"
+    return None
+
+
+def _check_roce_gid(host: str, view: _View, expect: Expectations) -> Check:
+    active = []
+    for name in _expected_nics(expect):
+        device = next((dev for dev in view.devinfo or [] if dev.name == name), None)
+        port = device.port(1) if device else None
+        if port is not None and port.state == "PORT_ACTIVE":
+            active.append(name)
+    if not _expected_nics(expect):
+        return Check("roce_gid", True, f"{host}: no RDMA NIC expected")
+    if not active:
+        return Check(
+            "roce_gid",
+            False,
+            f"{host}: no active {expect.nic_prefix} port to read GID[{expect.gid_index}] from "
+            f"(MC_GID_INDEX); fix rdma_devices/rdma_ports first",
+        )
+    problems = [p for p in (_gid_problem(view, name, expect.gid_index) for name in active) if p]
+    if not problems:
+        return Check(
+            "roce_gid",
+            True,
+            f"{host}: GID[{expect.gid_index}] is RoCE v2 on {len(active)} active ports "
+            f"(MC_GID_INDEX={expect.gid_index})",
+        )
+    return Check(
+        "roce_gid",
+        False,
+        f"{host}: {_grouped(problems)}; RoCE v2 GIDs appear once the NIC's netdev has an "
+        f"IP address: assign one, or set MC_GID_INDEX to a RoCE v2 index (ibv_devinfo -v)",
+    )
+
+
+def _check_runtime(host: str, view: _View) -> Check:
+    name, version = view.runtime.get("name"), view.runtime.get("version")
+    if not name:
+        return Check(
+            "runtime",
+            False,
+            f"{host}: no container runtime: neither podman nor docker is installed; install one "
+            "(apt install podman)",
+        )
+    if not view.runtime.get("usable"):
+        start = "systemctl start docker" if name == "docker" else "podman info"
+        return Check(
+            "runtime",
+            False,
+            f"{host}: {name} {version} is installed but `{name} info` failed "
+            f"({_clip(view.runtime_error or '', 110)}); fix it ({start})",
+        )
+    return Check("runtime", True, f"{host}: {name} {version} works (`{name} info` succeeds)")
+
+
+def _check_disk(host: str, raw: dict[str, Any], expect: Expectations) -> Check:
+    storage = _dict(raw.get("storage"))
+    path, free = storage.get("path"), _gb(storage.get("free_bytes"))
+    if not path:
+        tried = ", ".join(str(p) for p in storage.get("candidates") or []) or "no path given"
+        return Check(
+            "disk",
+            False,
+            f"{host}: none of the container storage paths exist ({_clip(tried, 120)}); create it "
+            "or configure the storage path",
+        )
+    if free is None:
+        why = storage.get("error") or "unknown error"
+        return Check("disk", False, f"{host}: cannot read free space on {path} ({why})")
+    if free < expect.min_disk_gb:
+        return Check(
+            "disk",
+            False,
+            f"{host}: only {free:.1f} GB free on {path}, need {expect.min_disk_gb:g} GB for worker "
+            "images; free space or move container storage to a larger disk",
+        )
+    return Check(
+        "disk", True, f"{host}: {free:.1f} GB free on {path} (need {expect.min_disk_gb:g})"
+    )
+
+
+def _check_mesh(host: str, raw: dict[str, Any]) -> Check:
+    reach = [r for r in raw.get("reach") or [] if isinstance(r, dict)]
+    if not reach:
+        return Check("mesh", True, f"{host}: no peers to check")
+    bad = [
+        f"{r.get('address')}:{r.get('port')} ({_clip(str(r.get('error') or 'unreachable'), 60)})"
+        for r in reach
+        if r.get("ok") is not True
+    ]
+    if not bad:
+        return Check("mesh", True, f"{host}: reached all {len(reach)} peers")
+    return Check(
+        "mesh",
+        False,
+        f"{host}: cannot reach {_named_list(bad, 4)}; open these ports between the hosts "
+        "(firewall, routes) and check the peers are up",
+    )
+
+
+def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check]:
+    """The preflight checks, in CHECK_NAMES order. Never raises on odd observations."""
+    raw = _dict(raw)
+    view = _view(raw)
+    builders: dict[str, Callable[[], Check]] = {
+        "systemd": lambda: _check_systemd(host, raw),
+        "gpus": lambda: _check_gpus(host, raw, view, expect),
+        "rdma_devices": lambda: _check_rdma_devices(host, raw, view, expect),
+        "rdma_ports": lambda: _check_rdma_ports(host, raw, view, expect),
+        "provider_lib": lambda: _check_provider_lib(host, raw, view, expect),
+        "roce_gid": lambda: _check_roce_gid(host, view, expect),
+        "runtime": lambda: _check_runtime(host, view),
+        "disk": lambda: _check_disk(host, raw, expect),
+        "mesh": lambda: _check_mesh(host, raw),
+    }
+    checks = []
+    for name in CHECK_NAMES:
+        if expect.kind == "cpu" and name in GPU_ONLY_CHECKS:
+            checks.append(Check(name, True, CPU_SKIP_MESSAGE, skipped=True))
+            continue
+        try:
+            checks.append(builders[name]())
+        except Exception as exc:  # a check that cannot judge says so instead of raising
+            checks.append(Check(name, False, f"{host}: could not evaluate {name}: {exc}"))
+    return checks
+
+
+# --------------------------------------------------------------------------- script entry
+
+
+def _request(text: str) -> dict[str, Any]:
+    data = json.loads(text) if text.strip() else {}
+    if not isinstance(data, dict):
+        raise ValueError("the input must be a JSON object")
+    unknown = sorted(set(data) - {"provider_lib", "storage_paths", "peers", "timeout"})
+    if unknown:
+        raise ValueError(f"unknown input keys: {', '.join(unknown)}")
+    provider_lib = data.get("provider_lib", DEFAULT_PROVIDER_LIB)
+    storage_paths = data.get("storage_paths", list(DEFAULT_STORAGE_PATHS))
+    peers = data.get("peers", [])
+    timeout = data.get("timeout", 20.0)
+    if not isinstance(provider_lib, str):
+        raise ValueError("provider_lib must be a string")
+    if not isinstance(storage_paths, list) or not all(isinstance(p, str) for p in storage_paths):
+        raise ValueError("storage_paths must be a list of strings")
+    if not isinstance(peers, list):
+        raise ValueError("peers must be a list of [address, port]")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError("timeout must be a positive number")
+    return {
+        "provider_lib": provider_lib,
+        "storage_paths": storage_paths,
+        "peers": [tuple(p) if isinstance(p, list) else p for p in peers],
+        "timeout": float(timeout),
+    }
+
+
+def main() -> int:
+    """Print collect()'s JSON for the request in $PD_HARDWARE_INPUT (else stdin, else defaults).
+
+    Meant for ``ssh HOST python3 - < hardware.py`` with the request in the
+    environment, since stdin carries the source. Stdin is read only when the
+    module runs as a file (``python3 hardware.py < request.json``): under
+    ``python3 -`` or ``python3 -c`` it is the source or an SSH channel that may
+    never close. Exit 2 on a bad request.
+    """
+    text = os.environ.get(INPUT_ENV)
+    from_file = bool(sys.argv) and sys.argv[0] not in ("", "-", "-c")
+    if text is None:
+        readable = from_file and sys.stdin is not None and not sys.stdin.isatty()
+        text = sys.stdin.read() if readable else ""
+    try:
+        request = _request(text)
+    except ValueError as exc:
+        sys.stdout.write(json.dumps({"error": f"{INPUT_ENV}: {exc}"}) + "\n")
+        return 2
+    sys.stdout.write(json.dumps(collect(**request)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
