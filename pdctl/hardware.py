@@ -349,12 +349,17 @@ def _safe(fn: Callable[[], Any], default: Any) -> Any:
 
 
 def probe_peer(address: str, port: int, timeout: float | None = None) -> dict[str, Any]:
-    """Whether a TCP connect to address:port succeeds within timeout (CONNECT_TIMEOUT)."""
+    """Whether address is reachable: a TCP connect to port is accepted or refused in time."""
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
     entry: dict[str, Any] = {"address": address, "port": port, "ok": False, "error": None}
     try:
         with socket.create_connection((address, port), timeout=timeout):
             entry["ok"] = True
+    except ConnectionRefusedError:
+        # The peer answered (a reset): the network path between the hosts works, which is
+        # what the mesh is about; a closed port there is that service's own business.
+        entry["ok"] = True
+        entry["refused"] = True
     except (TimeoutError, socket.timeout):  # noqa: UP041 - distinct classes before Python 3.10
         entry["error"] = f"timed out after {timeout:g} s"
     except socket.gaierror as exc:

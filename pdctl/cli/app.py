@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
+from pdctl.errors import PdctlError
 from pdctl.output import Output
 from pdctl.workspace import Workspace
 
@@ -17,3 +20,16 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
+
+
+def emit(app: App, doc: Any, render: Callable[[], None], failure: PdctlError | None = None) -> None:
+    """Print a command's result; when it also failed, say so and exit non-zero.
+
+    The result document stays the one JSON document on stdout (it carries the
+    failure's details), so scripts get both the findings and the exit code.
+    """
+    app.out.result(doc, render)
+    if failure is not None:
+        if not app.out.json_mode:
+            app.out.err.print(f"error: {failure.one_line()}", markup=False, style="bold red")
+        raise click.exceptions.Exit(failure.exit_code)

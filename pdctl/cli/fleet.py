@@ -1,0 +1,172 @@
+"""`pdctl fleet ...`: register SSH hosts and check they can run PD inference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pdctl import fleet as fleets
+from pdctl.cli.app import App, emit, pass_app
+
+
+@click.group()
+def fleet() -> None:
+    """Fleets of SSH hosts: add, list, show, check, remove."""
+
+
+def _render_report(app: App, doc: dict[str, Any]) -> None:
+    rows = []
+    for host in doc["hosts"]:
+        failed = [c for c in host["checks"] if not c["ok"]]
+        verdict = "ok" if host["ok"] else "FAILED"
+        detail = "; ".join(c["message"] for c in failed) or (
+            "CPU host: GPU/RDMA checks skipped" if host["kind"] == "cpu" else "all checks passed"
+        )
+        rows.append((host["name"], host["kind"], verdict, detail))
+    app.out.table(["host", "kind", "preflight", "findings"], rows, title=f"fleet {doc['fleet']}")
+
+
+@fleet.command()
+@click.argument("name")
+@click.option(
+    "--host", "hosts", multiple=True, metavar="[USER@]ADDR[:PORT]", help="A host (repeatable)."
+)
+@click.option(
+    "--hosts-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A file with one [USER@]ADDR[:PORT] per line (# comments).",
+)
+@click.option("--user", help="SSH user for hosts given without one. [default: root]")
+@click.option("--identity-file", type=click.Path(dir_okay=False), help="SSH private key.")
+@click.option(
+    "--proxy-jump", metavar="[USER@]HOST[:PORT]", help="Reach the hosts through this jump host."
+)
+@click.option("--become/--no-become", default=None, help="Use sudo on the hosts. [default: become]")
+@click.option("--expect-nics", type=int, help="RDMA NICs every GPU host must have. [default: 8]")
+@click.option("--expect-gpus", type=int, help="GPUs every GPU host must have. [default: 8]")
+@click.option("--repin", is_flag=True, help="Forget and re-pin the host keys of the given hosts.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask (nothing here asks yet; for scripts).")
+@pass_app
+def add(
+    app: App,
+    name: str,
+    hosts: tuple[str, ...],
+    hosts_file: Path | None,
+    user: str | None,
+    identity_file: str | None,
+    proxy_jump: str | None,
+    become: bool | None,
+    expect_nics: int | None,
+    expect_gpus: int | None,
+    repin: bool,
+    yes: bool,
+) -> None:
+    """Add hosts to fleet NAME: pin keys, gather facts, run the preflight."""
+    options = fleets.AddOptions(
+        hosts=list(hosts),
+        hosts_file=hosts_file,
+        user=user,
+        identity_file=identity_file,
+        proxy_jump=proxy_jump,
+        become=become,
+        expect_nics=expect_nics,
+        expect_gpus=expect_gpus,
+        repin=repin,
+    )
+    with app.out.progress(f"fleet add {name}") as progress:
+        doc = fleets.add(app.workspace, name, options, progress)
+    emit(app, doc, lambda: _render_report(app, doc), fleets.failure(doc))
+
+
+@fleet.command()
+@click.argument("name")
+@click.option(
+    "--limit", "limit", multiple=True, metavar="HOST", help="Only this host (repeatable)."
+)
+@pass_app
+def check(app: App, name: str, limit: tuple[str, ...]) -> None:
+    """Re-run the preflight: which host fails which check, and why."""
+    with app.out.progress(f"fleet check {name}") as progress:
+        doc = fleets.check(app.workspace, name, list(limit), progress)
+    emit(app, doc, lambda: _render_report(app, doc), fleets.failure(doc))
+
+
+@fleet.command(name="list")
+@pass_app
+def list_(app: App) -> None:
+    """The fleets in this workspace."""
+    doc = fleets.list_all(app.workspace)
+
+    def render() -> None:
+        if not doc["fleets"]:
+            app.out.line("no fleets yet: `pdctl fleet add NAME --host [USER@]ADDR ...`")
+            return
+        app.out.table(
+            ["fleet", "hosts", "gpu", "cpu", "failed", "services"],
+            [
+                (
+                    f["name"],
+                    f["hosts"],
+                    f["gpu_hosts"],
+                    f["cpu_hosts"],
+                    f["failed"],
+                    ", ".join(f["services"]),
+                )
+                for f in doc["fleets"]
+            ],
+        )
+
+    app.out.result(doc, render)
+
+
+@fleet.command()
+@click.argument("name")
+@pass_app
+def show(app: App, name: str) -> None:
+    """Hosts, facts, last check, and the services placed on them."""
+    doc = fleets.show(app.workspace, name)
+
+    def render() -> None:
+        rows = []
+        for h in doc["hosts"]:
+            facts = h["facts"] or {}
+            gpus = facts.get("gpus") or {}
+            runtime = facts.get("runtime") or {}
+            preflight = h["preflight"]
+            rows.append(
+                (
+                    h["name"],
+                    h["kind"],
+                    f"{h['user']}@{h['address']}:{h['port']}",
+                    f"{gpus.get('count', '?')} {gpus.get('model') or ''}".strip(),
+                    len((facts.get("rdma") or {}).get("devices") or []),
+                    runtime.get("name") or "-",
+                    "-" if preflight is None else ("ok" if preflight["ok"] else "FAILED"),
+                    preflight["checked_at"] if preflight else "never",
+                    ", ".join(h["services"]),
+                )
+            )
+        app.out.table(
+            ["host", "kind", "ssh", "gpus", "rdma", "runtime", "preflight", "checked", "services"],
+            rows,
+            title=f"fleet {name} ({doc['inventory']})",
+        )
+
+    app.out.result(doc, render)
+
+
+@fleet.command()
+@click.argument("name")
+@click.option("--host", "hosts", multiple=True, help="Remove only this host (repeatable).")
+@click.option("--force", is_flag=True, help="Even while services have replicas there.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def remove(app: App, name: str, hosts: tuple[str, ...], force: bool, yes: bool) -> None:
+    """Remove a fleet, or some of its hosts, from the workspace (hosts are not touched)."""
+    what = f"hosts {', '.join(hosts)} from fleet {name}" if hosts else f"fleet {name}"
+    if not yes and not app.out.json_mode:
+        click.confirm(f"Remove {what}?", abort=True, err=True)
+    doc = fleets.remove(app.workspace, name, list(hosts), force)
+    app.out.result(doc, lambda: app.out.line(f"removed {', '.join(doc['removed_hosts'])}"))

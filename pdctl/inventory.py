@@ -1,0 +1,255 @@
+"""Fleets as standard Ansible YAML inventories: ``inventories/<fleet>/``.
+
+    hosts.yml                  groups pd_gpu_hosts, pd_cpu_hosts, pd_new_hosts (never reached yet)
+    group_vars/all.yml         connection settings and the fleet's preflight expectations
+    group_vars/pd_*_hosts.yml  pd_host_kind
+    host_vars/<host>.yml       pd_facts (gathered) and pd_preflight (last check)
+    known_hosts.txt            the fleet's pinned host keys (OpenSSH format; .txt so that
+                               Ansible does not take it for an inventory source)
+
+``ansible-inventory -i inventories/<fleet> --list`` and a plain ``ansible-playbook``
+read it as is. Files are written with a stable key order, so re-writing the
+same fleet changes no byte.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field
+
+from pdctl.errors import InputError, NotFound
+from pdctl.ssh import Target
+from pdctl.workspace import Workspace
+
+HostKind = Literal["gpu", "cpu", "new"]
+GROUPS: dict[HostKind, str] = {"gpu": "pd_gpu_hosts", "cpu": "pd_cpu_hosts", "new": "pd_new_hosts"}
+KNOWN_HOSTS = "known_hosts.txt"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class FleetSettings(BaseModel):
+    """Fleet-wide settings: how to connect, and what every GPU host must have."""
+
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    become: bool = True
+    expect_gpus: int = 8
+    expect_nics: int = 8
+    gpu_model: str | None = "MI300X"
+    provider_lib: str = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
+    gid_index: int = 3
+    min_disk_gb: float = 50.0
+
+
+class Preflight(BaseModel):
+    ok: bool
+    checked_at: str
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class FleetHost(BaseModel):
+    name: str
+    address: str
+    port: int = 22
+    user: str
+    kind: HostKind = "new"
+    facts: dict[str, Any] | None = None
+    preflight: Preflight | None = None
+
+
+class Fleet(BaseModel):
+    name: str
+    settings: FleetSettings = Field(default_factory=FleetSettings)
+    hosts: list[FleetHost] = Field(default_factory=list)
+
+    def host(self, name: str) -> FleetHost | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+    def by_endpoint(self, address: str, port: int) -> FleetHost | None:
+        return next((h for h in self.hosts if (h.address, h.port) == (address, port)), None)
+
+
+def host_name(address: str, port: int) -> str:
+    """The inventory name of a host: its address (and port, when not 22)."""
+    return address if port == 22 else f"{address}_{port}"
+
+
+def validate_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise InputError(
+            f"bad fleet name {name!r}",
+            hint="use lower-case letters, digits, '-' and '_' (at most 63)",
+        )
+
+
+def fleet_dir(workspace: Workspace, name: str) -> Path:
+    return workspace.fleet_dir(name)
+
+
+def known_hosts_file(workspace: Workspace, name: str) -> Path:
+    return fleet_dir(workspace, name) / KNOWN_HOSTS
+
+
+def exists(workspace: Workspace, name: str) -> bool:
+    return (fleet_dir(workspace, name) / "hosts.yml").is_file()
+
+
+def list_fleets(workspace: Workspace) -> list[str]:
+    root = workspace.inventories
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir() if (p / "hosts.yml").is_file() and p.name != "example"
+    )
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}", hint="fix or remove the file") from exc
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: expected a mapping at the top")
+    return doc
+
+
+def _settings_from_vars(variables: dict[str, Any]) -> FleetSettings:
+    prefix = "pd_fleet_"
+    return FleetSettings(
+        **{
+            k[len(prefix) :]: v
+            for k, v in variables.items()
+            if k.startswith(prefix) and k[len(prefix) :] in FleetSettings.model_fields
+        }
+    )
+
+
+def load(workspace: Workspace, name: str) -> Fleet:
+    directory = fleet_dir(workspace, name)
+    if not (directory / "hosts.yml").is_file():
+        known = ", ".join(list_fleets(workspace)) or "none yet"
+        raise NotFound(
+            f"no fleet named {name!r} in {workspace.inventories}",
+            hint=f"fleets: {known}; add one with `pdctl fleet add {name} --host ...`",
+        )
+    inventory = _read_yaml(directory / "hosts.yml")
+    children = (inventory.get("all") or {}).get("children") or {}
+    fleet = Fleet(
+        name=name, settings=_settings_from_vars(_read_yaml(directory / "group_vars/all.yml"))
+    )
+    for kind, group in GROUPS.items():
+        for host, declared in ((children.get(group) or {}).get("hosts") or {}).items():
+            variables = declared or {}
+            extra = _read_yaml(directory / "host_vars" / f"{host}.yml")
+            preflight = extra.get("pd_preflight")
+            fleet.hosts.append(
+                FleetHost(
+                    name=str(host),
+                    address=str(variables.get("ansible_host", host)),
+                    port=int(variables.get("ansible_port", 22)),
+                    user=str(variables.get("ansible_user", "root")),
+                    kind=kind,
+                    facts=extra.get("pd_facts"),
+                    preflight=Preflight.model_validate(preflight) if preflight else None,
+                )
+            )
+    fleet.hosts.sort(key=lambda h: _sort_key(h.name))
+    return fleet
+
+
+def _sort_key(name: str) -> tuple[Any, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+def _dump(path: Path, doc: dict[str, Any], header: str) -> None:
+    text = f"---\n# {header}\n" + yaml.safe_dump(
+        doc, sort_keys=False, default_flow_style=False, width=120
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def ssh_common_args(settings: FleetSettings) -> str:
+    # {{ inventory_dir }} keeps the inventory valid wherever the workspace moves.
+    args = (
+        f"-o UserKnownHostsFile={{{{ inventory_dir }}}}/{KNOWN_HOSTS} -o StrictHostKeyChecking=yes"
+    )
+    if settings.proxy_jump:
+        args += f" -o ProxyJump={settings.proxy_jump}"
+    return args
+
+
+def save(workspace: Workspace, fleet: Fleet) -> Path:
+    directory = fleet_dir(workspace, fleet.name)
+    children: dict[str, Any] = {}
+    for kind, group in GROUPS.items():
+        members = {
+            h.name: {"ansible_host": h.address, "ansible_port": h.port, "ansible_user": h.user}
+            for h in fleet.hosts
+            if h.kind == kind
+        }
+        children[group] = {"hosts": members} if members else {}
+    _dump(
+        directory / "hosts.yml",
+        {"all": {"children": children}},
+        f"pdctl fleet {fleet.name}: written by `pdctl fleet add`; plain Ansible reads it as is",
+    )
+    settings = fleet.settings
+    all_vars: dict[str, Any] = {"pd_fleet": fleet.name}
+    all_vars.update({f"pd_fleet_{k}": v for k, v in settings.model_dump().items()})
+    all_vars["ansible_become"] = settings.become
+    all_vars["ansible_ssh_common_args"] = ssh_common_args(settings)
+    if settings.identity_file:
+        all_vars["ansible_ssh_private_key_file"] = settings.identity_file
+    # What pd_preflight checks, from the fleet's settings (the role's own names).
+    all_vars.update(
+        {
+            "pd_preflight_expected_gpus": settings.expect_gpus,
+            "pd_preflight_expected_nics": settings.expect_nics,
+            "pd_preflight_gpu_model": settings.gpu_model,
+            "pd_preflight_provider_lib": settings.provider_lib,
+            "pd_preflight_gid_index": settings.gid_index,
+            "pd_preflight_min_disk_gb": settings.min_disk_gb,
+        }
+    )
+    _dump(directory / "group_vars/all.yml", all_vars, "fleet-wide settings (pdctl fleet add)")
+    for kind, group in GROUPS.items():
+        _dump(
+            directory / "group_vars" / f"{group}.yml",
+            {"pd_host_kind": kind},
+            "what kind of host this group holds",
+        )
+    host_vars = directory / "host_vars"
+    keep = set()
+    for host in fleet.hosts:
+        doc: dict[str, Any] = {}
+        if host.facts is not None:
+            doc["pd_facts"] = host.facts
+        if host.preflight is not None:
+            doc["pd_preflight"] = host.preflight.model_dump()
+        _dump(host_vars / f"{host.name}.yml", doc, f"{host.name}: facts and last preflight (pdctl)")
+        keep.add(f"{host.name}.yml")
+    if host_vars.is_dir():
+        for stale in host_vars.glob("*.yml"):
+            if stale.name not in keep:
+                stale.unlink()
+    return directory
+
+
+def target(fleet: Fleet, host: FleetHost, jump: Target | None = None) -> Target:
+    return Target(
+        address=host.address,
+        port=host.port,
+        user=host.user,
+        identity_file=fleet.settings.identity_file,
+        proxy_jump=jump,
+    )

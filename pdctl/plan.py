@@ -1,0 +1,408 @@
+"""The placement plan: spec + fleet facts -> which replica slot runs where. PURE.
+
+Every slot up to each group's max is planned now (the scaler only starts and
+stops planned slots); the min are started. A slot owns its GPUs, serving port
+and bootstrap port on its host. Deterministic: the same inputs give the same
+plan, byte for byte, so plans diff cleanly. The plan is also the extra-vars
+document of playbooks/deploy.yml.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pdctl.errors import CheckFailed
+from pdctl.inventory import Fleet, FleetHost
+from pdctl.spec import Env, ReplicaGroup, Spec, command_flags
+from pdctl.versions import SMG_VERSION
+
+WorkerRole = Literal["prefill", "decode"]
+WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
+CONTAINER_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+RENDER_MINOR_BASE = 128
+# Flags of `smg launch` that pdctl sets itself (value count after the flag).
+_ROUTER_OWNED = {
+    "--host": 1,
+    "--port": 1,
+    "--pd-disaggregation": 0,
+    "--prefill": 2,
+    "--decode": 1,
+    "--prometheus-host": 1,
+    "--prometheus-port": 1,
+    "--api-key": 1,
+    "--worker-urls": -1,
+}
+_ROUTER_LAUNCH = re.compile(
+    r"(?:^|\s)(?:smg\s+launch|python3?\s+-m\s+(?:smg|sglang_router)\.launch_router)\b"
+)
+
+
+class Slot(BaseModel):
+    group: WorkerRole
+    index: int
+    host: str
+    address: str
+    gpus: list[int]
+    port: int
+    bootstrap_port: int | None
+    start: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}/{self.index}"
+
+    def unit(self, service: str) -> str:
+        return f"pd-{service}-{self.group}@{self.index}.service"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The slot's own environment (its instance env file)."""
+        ids = ",".join(str(g) for g in self.gpus)
+        env = {
+            "PDCTL_SLOT": self.name,
+            "PDCTL_HOST": self.address,
+            "PDCTL_PORT": str(self.port),
+            "PDCTL_GPU_IDS": ids,
+            "ROCR_VISIBLE_DEVICES": ids,
+            "DSTACK_GPUS_NUM": str(len(self.gpus)),
+            "PDCTL_DEVICE_ARGS": " ".join(
+                f"--device /dev/dri/renderD{RENDER_MINOR_BASE + g}" for g in self.gpus
+            ),
+        }
+        if self.bootstrap_port is not None:
+            env["PDCTL_BOOTSTRAP_PORT"] = str(self.bootstrap_port)
+        return env
+
+
+class GroupPlan(BaseModel):
+    role: WorkerRole
+    min: int
+    max: int
+    gpus_per_replica: int
+    scaling: dict[str, Any] | None
+    image: str
+    script: str
+    config: str  # hash of what a replica runs: a change means a rolling update
+    slots: list[Slot] = Field(default_factory=list)
+
+
+class RouterPlan(BaseModel):
+    host: str
+    address: str
+    port: int
+    metrics_port: int
+    smg_version: str = SMG_VERSION
+    args: list[str]
+    health_check_interval: int
+    wheelhouse: str | None
+
+
+class Plan(BaseModel):
+    service: str
+    fleet: str
+    runtime: str
+    image_archive: str | None
+    env: dict[str, str]
+    secret_names: list[str]
+    volumes: list[str]
+    privileged: bool
+    memlock: str
+    start_timeout: int
+    stop_timeout: int
+    probe: dict[str, Any]
+    model: str | None
+    router: RouterPlan
+    groups: dict[str, GroupPlan]
+    excluded_hosts: dict[str, str] = Field(default_factory=dict)
+
+    def slots(self) -> list[Slot]:
+        return [slot for role in WORKER_ROLES for slot in self.groups[role].slots]
+
+    def hosts(self) -> list[str]:
+        names = {self.router.host, *(slot.host for slot in self.slots())}
+        return sorted(names, key=_natural)
+
+    def extravars(self) -> dict[str, Any]:
+        """The plan as deploy.yml's extra-vars (``-e @plan.yml``): everything prefixed pd_."""
+        doc = self.model_dump(mode="json")
+        host_slots: dict[str, list[dict[str, Any]]] = {}
+        for slot in self.slots():
+            entry = {
+                **slot.model_dump(mode="json"),
+                "unit": slot.unit(self.service),
+                "env": slot.env(),
+            }
+            host_slots.setdefault(slot.host, []).append(entry)
+        return {
+            "pd_service": self.service,
+            "pd_fleet": self.fleet,
+            "pd_plan_hosts": self.hosts(),
+            "pd_worker_hosts": sorted(host_slots, key=_natural),
+            "pd_router_host": self.router.host,
+            "pd_host_slots": host_slots,
+            **{
+                f"pd_{key}": value
+                for key, value in doc.items()
+                if key not in {"service", "fleet", "excluded_hosts"}
+            },
+        }
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _rewrite_flag(text: str, flag: str, value: str) -> str:
+    """Set ``flag``'s value in a command (added when absent)."""
+    pattern = re.compile(rf"({re.escape(flag)})(=|\s+)(\S+)")
+    if pattern.search(text):
+        return pattern.sub(lambda m: f"{m[1]}{m[2]}{value}", text)
+    return text.rstrip().rstrip("\\").rstrip() + f" {flag} {value}"
+
+
+def worker_script(group: ReplicaGroup, role: WorkerRole) -> str:
+    """The group's commands as the container's shell script, wired to the slot's ports."""
+    lines = ["set -e"]
+    for command in group.commands:
+        line = command
+        if "launch_server" in line:
+            line = _rewrite_flag(line, "--port", "$PDCTL_PORT")
+            if "--host" not in line:
+                line = _rewrite_flag(line, "--host", "$PDCTL_HOST")
+            if role == "prefill":
+                line = _rewrite_flag(
+                    line, "--disaggregation-bootstrap-port", "$PDCTL_BOOTSTRAP_PORT"
+                )
+        lines.append(line.rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def router_args(spec: Spec) -> list[str]:
+    """The router group's `smg launch` flags that pdctl keeps (policies, timeouts, ...)."""
+    router = next((g for g in spec.replicas if g.role == "router"), None)
+    launch = next(
+        (c for c in (router.commands if router else []) if _ROUTER_LAUNCH.search(c)), None
+    )
+    settings = spec.pdctl.router
+    if launch is None:
+        args = [
+            "--prefill-policy",
+            settings.prefill_policy,
+            "--decode-policy",
+            settings.decode_policy,
+        ]
+        return [*args, *(["--policy", settings.policy] if settings.policy else [])]
+    words = command_flags([launch])
+    start = next(i for i, w in enumerate(words) if w == "launch" or w.endswith("launch_router")) + 1
+    kept: list[str] = []
+    i = start
+    while i < len(words):
+        word = words[i]
+        flag = word.split("=", 1)[0]
+        if flag in _ROUTER_OWNED:
+            take = _ROUTER_OWNED[flag]
+            i += 1
+            if "=" not in word:
+                while take != 0 and i < len(words) and not words[i].startswith("--"):
+                    i += 1
+                    take -= 1
+            continue
+        kept.append(word)
+        i += 1
+    return kept
+
+
+def _config_hash(image: str, script: str, env: Env, spec: Spec, gpus: int) -> str:
+    material = json.dumps(
+        {
+            "image": image,
+            "script": script,
+            "env": env.plain,
+            "secrets": env.secrets,
+            "volumes": spec.volumes,
+            "privileged": spec.privileged,
+            "gpus": gpus,
+            "memlock": spec.pdctl.memlock,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:12]
+
+
+def _fits(host: FleetHost, group: ReplicaGroup, spec: Spec) -> str | None:
+    """Why a host cannot take this group's replicas (None: it can)."""
+    facts = host.facts or {}
+    resources = group.resources or spec.resources
+    wanted = spec.gpus(group)
+    gpus = facts.get("gpus") or {}
+    if wanted and wanted.model and wanted.model.lower() not in str(gpus.get("model") or "").lower():
+        return f"GPU model {gpus.get('model') or 'unknown'} is not {wanted.model}"
+    if (
+        resources
+        and resources.cpu
+        and resources.cpu.min
+        and (facts.get("cpus") or 0) < resources.cpu.min
+    ):
+        return f"{facts.get('cpus')} CPUs < {resources.cpu.describe()}"
+    if (
+        resources
+        and resources.memory
+        and resources.memory.min
+        and (facts.get("memory_gb") or 0) < resources.memory.min
+    ):
+        return f"{facts.get('memory_gb')} GB memory < {resources.memory.describe()}"
+    return None
+
+
+def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
+    hosts = []
+    for host in sorted(fleet.hosts, key=lambda h: _natural(h.name)):
+        if host.preflight is None:
+            excluded[host.name] = "never checked (run `pdctl fleet check`)"
+        elif not host.preflight.ok:
+            failed = [c["name"] for c in host.preflight.checks if not c["ok"]]
+            excluded[host.name] = f"failed preflight ({', '.join(failed)})"
+        else:
+            hosts.append(host)
+    return hosts
+
+
+def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
+    wanted = spec.pdctl.router.host
+    if wanted:
+        chosen = next((h for h in hosts if wanted in {h.name, h.address}), None)
+        if chosen is None:
+            raise CheckFailed(f"pdctl.router.host {wanted!r} is not a healthy host of the fleet")
+        return chosen
+    for kind in ("cpu", "gpu"):
+        chosen = next((h for h in hosts if h.kind == kind), None)
+        if chosen:
+            return chosen
+    raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
+
+
+def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) -> Plan:
+    excluded: dict[str, str] = {}
+    hosts = _eligible(fleet, excluded)
+    router_host = _router_host(spec, hosts)
+    free = {
+        h.name: list(range(int(((h.facts or {}).get("gpus") or {}).get("count") or 0)))
+        for h in hosts
+        if h.kind == "gpu"
+    }
+    used_ports: dict[str, int] = {}
+    groups: dict[str, GroupPlan] = {}
+    shortfalls: list[str] = []
+    for role in WORKER_ROLES:
+        group = spec.group(role)
+        gpu = spec.gpus(group)
+        per_replica = gpu.count if gpu else 1
+        low, high = group.count
+        image = group.image or spec.image
+        script = worker_script(group, role)
+        plan = GroupPlan(
+            role=role,
+            min=low,
+            max=high,
+            gpus_per_replica=per_replica,
+            scaling=group.scaling.model_dump() if group.scaling else None,
+            image=image,
+            script=script,
+            config=_config_hash(image, script, env, spec, per_replica),
+        )
+        candidates = [h for h in hosts if h.kind == "gpu" and _fits(h, group, spec) is None]
+        for h in hosts:
+            reason = _fits(h, group, spec) if h.kind == "gpu" else None
+            if reason:
+                excluded.setdefault(h.name, reason)
+        for index in range(1, high + 1):
+            # The host with the most free GPUs (max keeps the first, lowest-named, of equals):
+            # replicas spread across hosts.
+            host = max(candidates, key=lambda h: len(free[h.name]), default=None)
+            if host is None or len(free[host.name]) < per_replica:
+                shortfalls.append(
+                    f"{role}: {index - 1} of {high} slots fit ({per_replica} GPUs each)"
+                )
+                break
+            taken, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
+            nth = used_ports.get(host.name, 0)
+            used_ports[host.name] = nth + 1
+            ports = spec.pdctl.ports
+            plan.slots.append(
+                Slot(
+                    group=role,
+                    index=index,
+                    host=host.name,
+                    address=host.address,
+                    gpus=taken,
+                    port=ports.base + nth * ports.stride,
+                    bootstrap_port=ports.bootstrap_base + nth if role == "prefill" else None,
+                    start=index <= low,
+                )
+            )
+        groups[role] = plan
+    for role in WORKER_ROLES:
+        placed = len(groups[role].slots)
+        if placed < groups[role].min:
+            raise CheckFailed(
+                f"not enough GPUs: {'; '.join(shortfalls)}; even the minimum "
+                f"{groups[role].min} {role} replica(s) do not fit",
+                hint="add GPU hosts, fix failing ones (pdctl fleet check), or lower the counts",
+            )
+    if shortfalls and not allow_partial:
+        raise CheckFailed(
+            f"not enough GPUs for every planned slot: {'; '.join(shortfalls)}",
+            hint="add GPU hosts, lower the max counts, or pass --allow-partial",
+        )
+    for role in WORKER_ROLES:
+        groups[role].max = len(groups[role].slots)
+    settings = spec.pdctl
+    volumes = _volumes(spec, fleet)
+    probe = spec.probes[0] if spec.probes else None
+    return Plan(
+        service=spec.name,
+        fleet=fleet.name,
+        runtime=settings.runtime,
+        image_archive=settings.image_archive,
+        env=env.plain,
+        secret_names=env.secrets,
+        volumes=volumes,
+        privileged=spec.privileged,
+        memlock=settings.memlock,
+        start_timeout=int(settings.start_timeout),
+        stop_timeout=int(settings.stop_timeout),
+        probe={
+            "url": probe.url if probe else "/health",
+            "interval": int(probe.interval) if probe else 15,
+            "timeout": int(probe.timeout) if probe else 10,
+        },
+        model=spec.model_name,
+        router=RouterPlan(
+            host=router_host.name,
+            address=router_host.address,
+            port=spec.port,
+            metrics_port=settings.router.metrics_port,
+            args=router_args(spec),
+            health_check_interval=max(1, int(settings.router.health_check_interval)),
+            wheelhouse=settings.wheelhouse,
+        ),
+        groups=groups,
+        excluded_hosts=dict(sorted(excluded.items())),
+    )
+
+
+def _volumes(spec: Spec, fleet: Fleet) -> list[str]:
+    """The spec's volumes, plus the host's RDMA provider library mounted read-only (once)."""
+    provider = f"{fleet.settings.provider_lib}:{CONTAINER_PROVIDER_LIB}:ro"
+    volumes = list(spec.volumes)
+    if not any(v.split(":")[1] == CONTAINER_PROVIDER_LIB for v in volumes):
+        volumes.insert(0, provider)
+    return volumes

@@ -1,0 +1,181 @@
+"""The one place pdctl starts Ansible (through ansible-runner).
+
+A private data dir per run (0700, removed afterwards), the project's
+ansible.cfg, events turned into per-host progress and a summary, Ctrl-C
+turned into a clean cancel. Secrets passed as ``secrets`` reach Ansible as
+extra-vars in that private dir only, and no event is written to disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import ansible_runner
+
+from pdctl.content import content_root, playbook
+from pdctl.errors import Interrupted
+
+Progress = Callable[[str], None]
+_RESULT_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+}
+
+
+@dataclass
+class TaskResult:
+    host: str
+    task: str
+    action: str
+    status: str  # ok | failed | unreachable | skipped
+    changed: bool
+    ignored: bool
+    res: dict[str, Any]
+
+    @property
+    def message(self) -> str:
+        return str(self.res.get("msg") or self.res.get("stderr") or "").strip()
+
+
+@dataclass
+class RunSummary:
+    rc: int
+    status: str
+    results: list[TaskResult] = field(default_factory=list)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def for_task(self, name: str) -> dict[str, TaskResult]:
+        """The last result of a task (by its name) per host."""
+        return {r.host: r for r in self.results if r.task == name}
+
+    def unreachable(self) -> dict[str, str]:
+        return {r.host: r.message for r in self.results if r.status == "unreachable"}
+
+    def failures(self) -> dict[str, TaskResult]:
+        """The first unignored failure per host."""
+        found: dict[str, TaskResult] = {}
+        for result in self.results:
+            if result.status == "failed" and not result.ignored and result.host not in found:
+                found[result.host] = result
+        return found
+
+    def changed_hosts(self) -> list[str]:
+        return sorted({r.host for r in self.results if r.changed})
+
+
+def _env(verbosity: int) -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)  # ansible-playbook lives beside our python
+    env = {
+        "ANSIBLE_CONFIG": str(content_root() / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(content_root() / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+    }
+    if verbosity > 1:
+        env["ANSIBLE_VERBOSITY"] = str(verbosity - 1)
+    return env
+
+
+@contextmanager
+def _cancel_on_interrupt() -> Iterator[threading.Event]:
+    """Ctrl-C asks ansible-runner to stop ansible-playbook instead of killing pdctl mid-run."""
+    cancelled = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancelled
+        return
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        cancelled.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancelled
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_playbook(
+    name: str,
+    inventory: Path,
+    *,
+    extravars: dict[str, Any] | None = None,
+    secrets: dict[str, str] | None = None,
+    limit: str | None = None,
+    forks: int | None = None,
+    check: bool = False,
+    diff: bool = False,
+    progress: Progress | None = None,
+    verbosity: int = 0,
+) -> RunSummary:
+    results: list[TaskResult] = []
+    stats: dict[str, dict[str, int]] = {}
+
+    def on_event(event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        if kind in _RESULT_EVENTS:
+            res = data.get("res") or {}
+            result = TaskResult(
+                host=data.get("host", ""),
+                task=data.get("task", ""),
+                action=data.get("resolved_action") or data.get("task_action", ""),
+                status=_RESULT_EVENTS[kind],
+                changed=bool(res.get("changed")),
+                ignored=bool(data.get("ignore_errors")),
+                res=res,
+            )
+            results.append(result)
+            if progress and result.status in {"failed", "unreachable"} and not result.ignored:
+                progress(f"{result.host}: {result.task}: {result.status}")
+        elif kind == "playbook_on_task_start" and progress:
+            progress(data.get("task", ""))
+        elif kind == "playbook_on_stats":
+            for counter in ("ok", "changed", "failures", "dark", "skipped"):
+                for host, count in (data.get(counter) or {}).items():
+                    stats.setdefault(host, {})[counter] = count
+        return False  # nothing is written to disk: events may carry host data
+
+    cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    private = Path(tempfile.mkdtemp(prefix="pdctl-run-"))
+    private.chmod(0o700)
+    try:
+        with _cancel_on_interrupt() as cancelled:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                playbook=str(playbook(name)),
+                inventory=str(inventory),
+                extravars={**(extravars or {}), **(secrets or {})},
+                limit=limit,
+                forks=forks,
+                cmdline=cmdline or None,
+                envvars=_env(verbosity),
+                event_handler=on_event,
+                cancel_callback=cancelled.is_set,
+                quiet=verbosity < 2,
+                # Extra-vars (secrets included) go to env/extravars inside the 0700
+                # private dir, never onto ansible-playbook's command line.
+                suppress_output_file=True,
+            )
+            if cancelled.is_set():
+                raise Interrupted(
+                    f"{name} was cancelled", hint="re-run it; pdctl's playbooks are idempotent"
+                )
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return RunSummary(
+        rc=int(runner.rc or 0), status=str(runner.status), results=results, stats=stats
+    )

@@ -1,0 +1,174 @@
+"""Fleets end to end on a 5-host lab: real sshd, real Ansible, the fake hardware's faults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
+
+FAULTS = {
+    "node2": ("nic-missing", "bnxt_re7"),
+    "node3": ("port-down", "bnxt_re3"),
+    "node4": ("provider-lib-missing", None),
+    "node5": ("sshd-down", None),
+}
+
+
+@pytest.fixture(scope="module")
+def lab5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    require_lab()
+    home = tmp_path_factory.mktemp("lab5")
+    lab = start_lab(home, hosts=5, cpu_hosts=0)
+    yield lab
+    pdctl(home, "lab", "down")
+
+
+def _add_line(lab: Lab) -> list[str]:
+    return lab.status()["fleet_add"].split()[1:]  # drop the leading "pdctl"
+
+
+def _failed(doc: dict) -> dict[str, list[dict]]:
+    return {
+        h["address"]: [c for c in h["checks"] if not c["ok"]] for h in doc["hosts"] if not h["ok"]
+    }
+
+
+def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
+    for host, (kind, arg) in FAULTS.items():
+        lab5.fault(host, kind, arg)
+    address = {h["name"]: h["address"] for h in lab5.status()["hosts"]}
+    try:
+        add = pdctl(lab5.home, *_add_line(lab5), check=False)
+        assert add.returncode == 5, add.stderr
+        assert "Traceback" not in add.stderr
+        assert "4 of 5 host(s) failed preflight" in add.stderr
+
+        check = pdctl(lab5.home, "--json", "fleet", "check", "lab", check=False)
+        assert check.returncode == 5
+        doc = json.loads(check.stdout)
+        assert doc["fleet"] == "lab"
+        for host in doc["hosts"]:
+            assert set(host) >= {"name", "address", "ok", "checks"}
+            for entry in host["checks"]:
+                assert set(entry) >= {"name", "ok", "message"}
+        failed = _failed(doc)
+        assert sorted(failed) == sorted(address[h] for h in FAULTS)  # exactly the four
+        text = {addr: " ".join(c["message"] for c in checks) for addr, checks in failed.items()}
+        assert "bnxt_re7" in text[address["node2"]]
+        assert [c["name"] for c in failed[address["node2"]]] == ["rdma_devices"]
+        assert "bnxt_re3 port 1 is PORT_DOWN" in text[address["node3"]]
+        assert "libbnxt_re-rdmav34.so" in text[address["node4"]]
+        assert [c["name"] for c in failed[address["node5"]]] == ["ssh"]
+        assert "Unable to connect to port 22" in text[address["node5"]]
+        healthy = next(h for h in doc["hosts"] if h["address"] == address["node1"])
+        assert healthy["ok"] and {c["name"] for c in healthy["checks"]} >= {
+            "ssh",
+            "sudo",
+            "gpus",
+            "rdma_devices",
+            "rdma_ports",
+            "provider_lib",
+            "roce_gid",
+            "runtime",
+            "disk",
+            "mesh",
+        }
+    finally:
+        for host in FAULTS:
+            lab5.fault(host, "clear")
+    doc = pdctl_json(lab5.home, "fleet", "check", "lab")
+    assert all(h["ok"] for h in doc["hosts"]) and len(doc["hosts"]) == 5
+    # node5 was unreachable at add time: its key got pinned and its facts gathered now.
+    node5 = next(h for h in doc["hosts"] if h["address"] == address["node5"])
+    assert node5["kind"] == "gpu"
+
+
+def test_second_add_is_a_no_op(lab5: Lab) -> None:
+    pdctl(lab5.home, *_add_line(lab5), check=False)
+    inventory = lab5.home / "inventories" / "lab"
+    before = {p: p.read_bytes() for p in sorted(inventory.rglob("*")) if p.is_file()}
+    again = pdctl(lab5.home, "--json", *_add_line(lab5), check=False)
+    assert json.loads(again.stdout)["changed"] is False
+    after = {p: p.read_bytes() for p in sorted(inventory.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+def test_inventory_is_plain_ansible(lab5: Lab) -> None:
+    pdctl(lab5.home, *_add_line(lab5), check=False)
+    inventory = lab5.home / "inventories" / "lab"
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    doc = json.loads(listed.stdout)
+    assert sorted(doc["pd_gpu_hosts"]["hosts"]) == sorted(
+        h["address"] for h in lab5.status()["hosts"]
+    )
+    assert "WARNING" not in listed.stderr
+    ping = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "-i",
+            str(inventory),
+            "all",
+            "-m",
+            "ansible.builtin.ping",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=lab5.home,
+    )
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert ping.stdout.count("SUCCESS") == 5
+
+
+def test_changed_host_key_is_refused_until_repinned(lab5: Lab) -> None:
+    pdctl(lab5.home, *_add_line(lab5), check=False)
+    address = lab5.host("node3")["address"]
+    lab5.ssh(
+        "node3",
+        "rm -f /etc/ssh/ssh_host_*; ssh-keygen -A >/dev/null; systemctl restart ssh",
+        user="root",
+    )
+    proc = pdctl(lab5.home, "--json", "fleet", "check", "lab", "--limit", address, check=False)
+    assert proc.returncode == 5
+    ssh_check = json.loads(proc.stdout)["hosts"][0]["checks"][0]
+    assert ssh_check["name"] == "ssh" and not ssh_check["ok"]
+    assert "host key changed" in ssh_check["message"] and "--repin" in ssh_check["message"]
+    repin = pdctl(
+        lab5.home, "--json", "fleet", "add", "lab", "--host", f"pdops@{address}", "--repin"
+    )
+    assert json.loads(repin.stdout)["hosts"][0]["ok"] is True
+
+
+def test_list_show_and_remove(lab5: Lab, tmp_path: Path) -> None:
+    pdctl(lab5.home, *_add_line(lab5), check=False)
+    listing = pdctl_json(lab5.home, "fleet", "list")["fleets"]
+    assert [f["name"] for f in listing] == ["lab"] and listing[0]["hosts"] == 5
+    shown = pdctl_json(lab5.home, "fleet", "show", "lab")
+    host = shown["hosts"][0]
+    assert (
+        host["facts"]["gpus"]["count"] == 8
+        and host["facts"]["gpus"]["model"] == "AMD Instinct MI300X"
+    )
+    assert len(host["facts"]["rdma"]["devices"]) == 8
+    assert host["preflight"]["checked_at"]
+    other = pdctl(
+        lab5.home, "fleet", "add", "other", "--host", f"pdops@{host['address']}", check=False
+    )
+    assert other.returncode == 3 and "already belongs to fleet 'lab'" in other.stderr
+    missing = pdctl(lab5.home, "fleet", "show", "nope", check=False)
+    assert missing.returncode == 7 and "no fleet named 'nope'" in missing.stderr
+    pdctl(lab5.home, "fleet", "remove", "lab", "--host", host["address"], "-y")
+    assert pdctl_json(lab5.home, "fleet", "list")["fleets"][0]["hosts"] == 4
+    pdctl(lab5.home, "fleet", "remove", "lab", "-y")
+    assert pdctl_json(lab5.home, "fleet", "list")["fleets"] == []
