@@ -42,15 +42,6 @@ def _known_hosts(workspace: Workspace, name: str) -> ssh.KnownHosts:
     return ssh.KnownHosts(inventory.known_hosts_file(workspace, name))
 
 
-def _jump(fleet: Fleet, default_user: str) -> ssh.Target | None:
-    jump = fleet.settings.proxy_jump
-    if not jump:
-        return None
-    return ssh.parse_target(
-        jump, default_user=default_user, identity_file=fleet.settings.identity_file
-    )
-
-
 def _facts_command(fleet: Fleet, peers: list[tuple[str, int]]) -> str:
     payload = json.dumps(
         {
@@ -69,7 +60,7 @@ def _facts_command(fleet: Fleet, peers: list[tuple[str, int]]) -> str:
 
 def _contact(fleet: Fleet, host: FleetHost, known: ssh.KnownHosts, *, gather: bool) -> Contact:
     contact = Contact(host=host)
-    target = inventory.target(fleet, host, _jump(fleet, host.user))
+    target = inventory.target(fleet, host)
     try:
         client = ssh.connect(target, known, pin_new=True, fleet=fleet.name)
     except HostError as exc:

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from pdctl.errors import InputError, NotFound
-from pdctl.ssh import Target
+from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace
 
 HostKind = Literal["gpu", "cpu", "new"]
@@ -245,7 +245,15 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
     return directory
 
 
-def target(fleet: Fleet, host: FleetHost, jump: Target | None = None) -> Target:
+def target(fleet: Fleet, host: FleetHost) -> Target:
+    """How to SSH to a fleet host (through the fleet's jump host, if it has one)."""
+    jump = None
+    if fleet.settings.proxy_jump:
+        jump = parse_target(
+            fleet.settings.proxy_jump,
+            default_user=host.user,
+            identity_file=fleet.settings.identity_file,
+        )
     return Target(
         address=host.address,
         port=host.port,

@@ -132,7 +132,9 @@ class Plan(BaseModel):
 
     def extravars(self) -> dict[str, Any]:
         """The plan as deploy.yml's extra-vars (``-e @plan.yml``): everything prefixed pd_."""
-        doc = self.model_dump(mode="json")
+        # Slots appear once, per host (pd_host_slots); groups carry the rest.
+        no_slots: dict[str, Any] = {"groups": {role: {"slots"} for role in WORKER_ROLES}}
+        doc = self.model_dump(mode="json", exclude=no_slots)
         host_slots: dict[str, list[dict[str, Any]]] = {}
         for slot in self.slots():
             entry = {

@@ -13,7 +13,7 @@ import hashlib
 import re
 import shlex
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ import paramiko
 from pdctl.errors import HostError, InputError
 
 CONNECT_TIMEOUT = 8.0
+Log = Callable[[str], None]
 _TARGET = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<addr>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
 
 
@@ -249,6 +250,8 @@ class Pool:
                 self._clients[target] = client
             try:
                 yield client
+            except paramiko.ChannelException:
+                raise  # one channel refused; the connection itself is fine
             except (paramiko.SSHException, OSError):
                 client.close()
                 self._clients.pop(target, None)
@@ -257,6 +260,22 @@ class Pool:
     def run(self, target: Target, command: str, *, timeout: float = 60.0) -> Result:
         with self.session(target) as client:
             return run(client, command, timeout=timeout)
+
+    def connector(self, target: Target) -> Callable[[str, int], paramiko.Channel]:
+        """Open TCP streams from the target host (e.g. to its 127.0.0.1-only ports)."""
+
+        def open_stream(host: str, port: int) -> paramiko.Channel:
+            try:
+                with self.session(target) as client:
+                    transport = client.get_transport()
+                    assert transport is not None  # session() hands out connected clients
+                    return transport.open_channel(
+                        "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=CONNECT_TIMEOUT
+                    )
+            except paramiko.ChannelException as exc:
+                raise ConnectionRefusedError(f"{host}:{port} via {target.label}: {exc}") from exc
+
+        return open_stream
 
     def close(self) -> None:
         with self._guard:

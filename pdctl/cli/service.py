@@ -1,0 +1,178 @@
+"""`pdctl plan | deploy | status | logs | destroy`: a PD service on a fleet."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pdctl import deploy as deploys
+from pdctl import service as services
+from pdctl.cli.app import App, pass_app
+from pdctl.errors import InputError
+from pdctl.plan import Plan
+
+SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+FLEET = click.option(
+    "--fleet", help="Fleet to deploy on (default: pdctl.fleet in the spec, or the only one)."
+)
+PARTIAL = click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Plan fewer slots than a group's max when the fleet lacks GPUs.",
+)
+
+
+def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
+    app.out.table(
+        ["slot", "host", "gpus", "port", "bootstrap", "unit", "at deploy"],
+        deploys.plan_table(plan),
+        title=f"plan: service {plan.service} on fleet {plan.fleet}",
+    )
+    for host, reason in plan.excluded_hosts.items():
+        app.out.line(f"not used: {host}: {reason}")
+    app.out.line("changes:" if changes else "no changes")
+    for change in changes:
+        app.out.line(f"  {change}")
+
+
+@click.command()
+@SPEC
+@FLEET
+@PARTIAL
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the plan as deploy.yml's extra-vars (ansible-playbook ... -e @FILE).",
+)
+@pass_app
+def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: Path | None) -> None:
+    """Show where every replica slot would run (changes nothing)."""
+    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
+    if output:
+        deploys.write_plan_file(planned, output)
+    doc = {
+        "plan": planned.model_dump(mode="json"),
+        "changes": changes,
+        "output": str(output) if output else None,
+    }
+    app.out.result(doc, lambda: _show_plan(app, planned, changes))
+
+
+@click.command()
+@SPEC
+@FLEET
+@PARTIAL
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Plan, then run the playbook in check+diff mode; change nothing.",
+)
+@click.option("-y", "--yes", is_flag=True, help="Apply without asking.")
+@pass_app
+def deploy(
+    app: App, spec: Path, fleet: str | None, allow_partial: bool, dry_run: bool, yes: bool
+) -> None:
+    """Deploy (or update) the service in SPEC: plan, diff, confirm, apply."""
+    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
+    if not app.out.json_mode:
+        _show_plan(app, planned, changes)
+    if not dry_run and not yes:
+        if not sys.stdin.isatty():
+            raise InputError(
+                "refusing to deploy without confirmation", hint="pass -y (or --dry-run)"
+            )
+        click.confirm(f"Deploy {planned.service} to fleet {planned.fleet}?", abort=True, err=True)
+    with app.out.progress(
+        f"deploy {planned.service}" + (" (dry run)" if dry_run else "")
+    ) as progress:
+        doc = deploys.apply(
+            app.workspace, planned, progress, dry_run=dry_run, verbosity=app.out.verbosity
+        )
+
+    def render() -> None:
+        hosts = doc["changed_hosts"]
+        if dry_run:
+            app.out.line(
+                f"dry run: would change {len(hosts)} host(s): {', '.join(hosts) or 'none'}"
+            )
+            return
+        app.out.line(
+            "no changes"
+            if not hosts and not doc["rolled"]
+            else f"changed {len(hosts)} host(s): {', '.join(hosts)}"
+        )
+        if doc["rolled"]:
+            app.out.line(f"rolled: {', '.join(doc['rolled'])}")
+        app.out.line(f"endpoint: {doc['endpoint']}  (API key in {doc['api_key_file']})")
+
+    app.out.result(doc, render)
+
+
+def _render_status(app: App, doc: dict[str, Any]) -> None:
+    router = doc["groups"]["router"]
+    app.out.line(f"service {doc['service']} on fleet {doc['fleet']}: {doc['endpoint']}")
+    app.out.line(f"router on {router['host']}: {router['state']}")
+    rows = []
+    for role in ("prefill", "decode"):
+        group = doc["groups"][role]
+        for r in group["replicas"]:
+            rows.append(
+                (
+                    f"{role}/{r['slot']}",
+                    r["host"],
+                    r["port"],
+                    r["state"],
+                    r["router_status"] or ("-" if not r["registered"] else "?"),
+                    "stale" if r["stale"] else "",
+                )
+            )
+        desired = group["desired"] if group["desired"] is not None else "-"
+        bounds = f"{group['min']}..{group['max']}"
+        app.out.line(f"{role}: {group['running']} running, desired {desired}, bounds {bounds}")
+    app.out.table(["replica", "host", "port", "unit", "router", "config"], rows)
+
+
+@click.command()
+@click.argument("service")
+@pass_app
+def status(app: App, service: str) -> None:
+    """Replicas per host, unit states and the router's view, read live."""
+    doc = deploys.status(app.workspace, service)
+    app.out.result(doc, lambda: _render_status(app, doc))
+
+
+@click.command()
+@click.argument("service")
+@click.argument("replica", metavar="GROUP/SLOT")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.option("-n", "--lines", default=100, show_default=True, help="How many lines of history.")
+@pass_app
+def logs(app: App, service: str, replica: str, follow: bool, lines: int) -> None:
+    """The journal of one replica (e.g. decode/2), over SSH."""
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    deploys.logs(app.workspace, service, replica, lines, follow, write)
+
+
+@click.command()
+@click.argument("service")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def destroy(app: App, service: str, yes: bool) -> None:
+    """Deregister, drain, stop and remove the service; hosts are left as before."""
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InputError("refusing to destroy without confirmation", hint="pass -y")
+        click.confirm(f"Destroy service {service}?", abort=True, err=True)
+    with app.out.progress(f"destroy {service}") as progress:
+        doc = deploys.destroy(app.workspace, service, progress)
+    app.out.result(doc, lambda: app.out.line(f"destroyed {service} on {', '.join(doc['hosts'])}"))

@@ -1,0 +1,335 @@
+"""Deploy, inspect and destroy a PD service: the service functions behind the CLI.
+
+deploy = spec -> plan -> diff against what runs -> (confirm) -> deploy.yml
+-> rolling update of replicas whose config changed (surge: start the new one on
+a spare slot, wait healthy, register, then deregister, drain and stop the old).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdctl import inventory, runner
+from pdctl import service as services
+from pdctl.errors import HostError, InputError, PdctlError
+from pdctl.plan import WORKER_ROLES, Plan, Slot, build
+from pdctl.scaler.act import Actuator, SlotState
+from pdctl.spec import Env, Spec, load
+from pdctl.workspace import Workspace
+
+Progress = Callable[[str], None]
+
+
+def resolve_fleet(workspace: Workspace, spec: Spec, fleet: str | None) -> str:
+    name = fleet or spec.pdctl.fleet
+    if name:
+        return name
+    fleets = inventory.list_fleets(workspace)
+    if len(fleets) == 1:
+        return fleets[0]
+    raise InputError(
+        "which fleet? pass --fleet NAME (or set pdctl.fleet in the spec)",
+        hint=f"fleets here: {', '.join(fleets) or 'none: pdctl fleet add NAME --host ...'}",
+    )
+
+
+def make_plan(
+    workspace: Workspace,
+    spec_path: Path,
+    fleet: str | None,
+    *,
+    allow_partial: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Spec, Env, Plan]:
+    spec, env = load(spec_path, os.environ if environ is None else environ)
+    fleet_model = inventory.load(workspace, resolve_fleet(workspace, spec, fleet))
+    return spec, env, build(spec, env, fleet_model, allow_partial=allow_partial)
+
+
+def write_plan_file(plan: Plan, path: Path) -> None:
+    header = (
+        "# pdctl plan: the extra-vars of playbooks/deploy.yml. Secrets are not in here: export\n"
+        f"# {', '.join(plan.secret_names) or '(none)'} before running ansible-playbook.\n"
+    )
+    path.write_text("---\n" + header + yaml.safe_dump(plan.extravars(), sort_keys=False, width=120))
+
+
+def plan_table(plan: Plan) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [
+        (
+            "router",
+            plan.router.host,
+            "-",
+            f"{plan.router.port}",
+            "-",
+            f"pd-{plan.service}-router.service",
+            "start",
+        )
+    ]
+    for slot in plan.slots():
+        rows.append(
+            (
+                slot.name,
+                slot.host,
+                ",".join(map(str, slot.gpus)),
+                str(slot.port),
+                str(slot.bootstrap_port or "-"),
+                slot.unit(plan.service),
+                "start" if slot.start else "spare",
+            )
+        )
+    return rows
+
+
+def diff(old: Plan | None, new: Plan) -> list[str]:
+    """What changes between the plan that runs and the new one, one line each."""
+    if old is None:
+        return [
+            f"+ new service {new.service}: router on {new.router.host}, "
+            + ", ".join(f"{len(new.groups[r].slots)} {r} slot(s)" for r in WORKER_ROLES)
+        ]
+    lines: list[str] = []
+    if old.fleet != new.fleet:
+        lines.append(f"~ fleet {old.fleet} -> {new.fleet}")
+    if old.router != new.router:
+        lines.append(f"~ router: {_fields(old.router.model_dump(), new.router.model_dump())}")
+    old_slots = {s.name: s for s in old.slots()}
+    new_slots = {s.name: s for s in new.slots()}
+    for name in sorted(new_slots.keys() - old_slots.keys()):
+        lines.append(f"+ slot {name} on {new_slots[name].host}")
+    for name in sorted(old_slots.keys() - new_slots.keys()):
+        lines.append(f"- slot {name} on {old_slots[name].host}")
+    for name in sorted(new_slots.keys() & old_slots.keys()):
+        was, now = old_slots[name].model_dump(), new_slots[name].model_dump()
+        if was != now:
+            lines.append(f"~ slot {name}: {_fields(was, now)}")
+    for role in WORKER_ROLES:
+        before, after = old.groups[role], new.groups[role]
+        if before.config != after.config:
+            what = [
+                key for key in ("image", "script") if getattr(before, key) != getattr(after, key)
+            ]
+            lines.append(
+                f"~ {role}: {', '.join(what) or 'environment/volumes'} changed: rolling update"
+            )
+        if (before.min, before.max) != (after.min, after.max):
+            lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
+    for key in ("env", "secret_names", "volumes", "stop_timeout", "start_timeout", "probe"):
+        if getattr(old, key) != getattr(new, key):
+            lines.append(f"~ {key} changed")
+    return lines
+
+
+def _fields(before: dict[str, Any], after: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {before.get(k)} -> {after.get(k)}" for k in after if before.get(k) != after.get(k)
+    )
+
+
+def apply(
+    workspace: Workspace,
+    plan: Plan,
+    progress: Progress,
+    *,
+    dry_run: bool = False,
+    verbosity: int = 0,
+) -> dict[str, Any]:
+    old = services.stored_plan(workspace, plan.service)
+    summary = runner.run_playbook(
+        "deploy.yml",
+        inventory.fleet_dir(workspace, plan.fleet),
+        extravars={**plan.extravars(), "pd_worker_rollout": "none"},
+        forks=min(100, max(5, len(plan.hosts()))),
+        check=dry_run,
+        diff=dry_run,
+        progress=progress,
+        verbosity=verbosity,
+    )
+    failures = summary.failures()
+    unreachable = summary.unreachable()
+    if unreachable or failures or summary.rc != 0:
+        details = [f"{h}: unreachable ({m})" for h, m in unreachable.items()]
+        details += [f"{h}: {r.task}: {r.message[:300]}" for h, r in failures.items()]
+        raise HostError(
+            "deploy failed: " + ("; ".join(details) or f"ansible-playbook exited {summary.rc}"),
+            hint="fix the cause and re-run; hosts that failed validation were not changed",
+        )
+    changed = summary.changed_hosts()
+    rolled: list[str] = []
+    if not dry_run:
+        rolled = _roll(workspace, plan, progress)
+        services.save_plan(workspace, plan)
+    return {
+        "service": plan.service,
+        "fleet": plan.fleet,
+        "dry_run": dry_run,
+        "changes": diff(old, plan),
+        "changed_hosts": changed,
+        "rolled": rolled,
+        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
+        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=plan.service)}",
+    }
+
+
+def _roll(workspace: Workspace, plan: Plan, progress: Progress) -> list[str]:
+    """Replace running replicas whose config is stale, one at a time, without downtime."""
+    rolled: list[str] = []
+    with services.open_handle(workspace, plan, log=progress) as handle:
+        actuator = handle.actuator
+        states = actuator.states()
+        for role in WORKER_ROLES:
+            config = plan.groups[role].config
+            stale = [
+                s
+                for s in states.values()
+                if s.slot.group == role and s.running and s.config not in {None, config}
+            ]
+            for old in stale:
+                spare = _spare(states, role, exclude=old.slot)
+                if spare is not None:
+                    progress(f"rolling {old.slot.name}: new replica on {spare.name}")
+                    actuator.scale_out(spare)
+                    actuator.scale_in(old.slot)
+                    states[spare.name] = SlotState(spare, "active", config)
+                    states[old.slot.name] = SlotState(old.slot, "inactive", None)
+                else:
+                    progress(f"rolling {old.slot.name} in place (no spare slot)")
+                    _restart_in_place(actuator, old.slot)
+                    states[old.slot.name] = SlotState(old.slot, "active", config)
+                rolled.append(old.slot.name)
+    return rolled
+
+
+def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | None:
+    spares = [
+        s.slot
+        for s in states.values()
+        if s.slot.group == role and not s.running and s.slot != exclude
+    ]
+    return min(spares, key=lambda slot: slot.index, default=None)
+
+
+def _restart_in_place(actuator: Actuator, slot: Slot) -> None:
+    actuator.scale_in(slot)
+    actuator.scale_out(slot)
+
+
+def status(workspace: Workspace, name: str) -> dict[str, Any]:
+    plan = services.load_plan(workspace, name)
+    with services.open_handle(workspace, plan) as handle:
+        states = handle.actuator.states()
+        try:
+            workers = {w.url.rstrip("/"): w for w in handle.router.workers()}
+            router_state = "ready" if handle.router.ready() else "not ready"
+        except PdctlError as exc:
+            workers, router_state = {}, f"unreachable: {exc.message}"
+    groups: dict[str, Any] = {
+        "router": {
+            "host": plan.router.host,
+            "address": plan.router.address,
+            "port": plan.router.port,
+            "state": router_state,
+            "unit": f"pd-{plan.service}-router.service",
+        }
+    }
+    for role in WORKER_ROLES:
+        group = plan.groups[role]
+        replicas = []
+        for slot in group.slots:
+            state = states[slot.name]
+            worker = workers.get(slot.url)
+            replicas.append(
+                {
+                    "host": slot.host,
+                    "slot": slot.index,
+                    "port": slot.port,
+                    "gpus": slot.gpus,
+                    "state": state.active,
+                    "registered": worker is not None,
+                    "router_status": worker.status if worker else None,
+                    "healthy": worker.healthy if worker else None,
+                    "stale": bool(state.running and state.config not in {None, group.config}),
+                }
+            )
+        groups[role] = {
+            "min": group.min,
+            "max": group.max,
+            "desired": None,
+            "running": sum(r["state"] == "active" for r in replicas),
+            "replicas": replicas,
+        }
+    return {
+        "service": name,
+        "fleet": plan.fleet,
+        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
+        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=name)}",
+        "groups": groups,
+    }
+
+
+def find_slot(plan: Plan, which: str) -> Slot:
+    group, _, index = which.partition("/")
+    for slot in plan.slots():
+        if slot.group == group and str(slot.index) == index:
+            return slot
+    names = ", ".join(s.name for s in plan.slots())
+    raise InputError(f"no replica {which!r} in service {plan.service}", hint=f"replicas: {names}")
+
+
+def logs(
+    workspace: Workspace,
+    name: str,
+    which: str,
+    lines: int,
+    follow: bool,
+    write: Callable[[str], None],
+) -> None:
+    plan = services.load_plan(workspace, name)
+    slot = find_slot(plan, which)
+    unit = slot.unit(plan.service)
+    command = f"sudo -n journalctl -u {unit} -n {int(lines)} --no-pager -o short-iso"
+    with services.open_handle(workspace, plan) as handle:
+        target = handle.targets[slot.host]
+        if not follow:
+            result = handle.pool.run(target, command)
+            write(result.stdout)
+            return
+        with handle.pool.session(target) as client:
+            _stdin, stdout, _stderr = client.exec_command(command + " -f", get_pty=True)
+            for line in iter(stdout.readline, ""):
+                write(line)
+
+
+def destroy(workspace: Workspace, name: str, progress: Progress) -> dict[str, Any]:
+    plan = services.load_plan(workspace, name)
+    deregistered: list[str] = []
+    try:
+        with services.open_handle(workspace, plan, log=progress) as handle:
+            for slot in plan.slots():
+                if handle.router.find(slot.url) is not None:
+                    progress(f"deregistering and draining {slot.name}")
+                    handle.actuator.deregister(slot)
+                    deregistered.append(slot.name)
+    except PdctlError as exc:
+        progress(f"router not reachable ({exc.message}); destroying anyway")
+    summary = runner.run_playbook(
+        "destroy.yml",
+        inventory.fleet_dir(workspace, plan.fleet),
+        extravars=plan.extravars(),
+        progress=progress,
+        forks=min(100, max(5, len(plan.hosts()))),
+    )
+    if summary.rc != 0:
+        details = "; ".join(
+            f"{h}: {r.task}: {r.message[:200]}" for h, r in summary.failures().items()
+        )
+        raise HostError(
+            f"destroy failed: {details or summary.status}", hint="fix and re-run `pdctl destroy`"
+        )
+    services.forget(workspace, name)
+    return {"service": name, "deregistered": deregistered, "hosts": plan.hosts()}

@@ -1,0 +1,1 @@
+"""The scaler: observe (metrics) -> decide (pure policy) -> act (SSH + router), in a loop."""

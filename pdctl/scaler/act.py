@@ -1,0 +1,135 @@
+"""Acting on a deployed service's slots: start, wait healthy, register; deregister, drain, stop.
+
+Used by the scaler and by deploy's rolling update. Every host action is one
+command of ``pdctl-unitctl`` (installed by the pd_worker role) over a pooled SSH
+connection; every router action is router.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdctl import ssh
+from pdctl.errors import HostError
+from pdctl.plan import Plan, Slot
+from pdctl.router import Router, request
+
+UNITCTL = "/usr/local/libexec/pdctl-unitctl"
+
+
+@dataclass(frozen=True)
+class SlotState:
+    slot: Slot
+    active: str  # systemd ActiveState: active, inactive, failed, activating, deactivating
+    config: str | None  # the running container's pdctl.config label
+
+    @property
+    def running(self) -> bool:
+        return self.active in {"active", "activating", "reloading"}
+
+
+class Actuator:
+    def __init__(
+        self,
+        plan: Plan,
+        pool: ssh.Pool,
+        targets: dict[str, ssh.Target],
+        router: Router,
+        *,
+        sudo: bool = True,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plan, self.pool, self.targets, self.router = plan, pool, targets, router
+        self.sudo = sudo
+        self.log = log or (lambda _message: None)
+
+    def _unitctl(self, host: str, *args: str, timeout: float = 60.0) -> ssh.Result:
+        words = " ".join(shlex.quote(a) for a in (UNITCTL, self.plan.service, *args))
+        command = f"sudo -n {words}" if self.sudo else words
+        result = self.pool.run(self.targets[host], command, timeout=timeout)
+        if result.rc != 0:
+            raise HostError(
+                f"{host}: pdctl-unitctl {' '.join(args)} failed: "
+                f"{(result.stderr.strip() or result.stdout.strip())[-300:]}"
+            )
+        return result
+
+    def states(self) -> dict[str, SlotState]:
+        """Every planned slot's unit state, read live (one SSH command per host)."""
+        found: dict[str, SlotState] = {}
+        by_host: dict[str, list[Slot]] = {}
+        for slot in self.plan.slots():
+            by_host.setdefault(slot.host, []).append(slot)
+        for host, slots in by_host.items():
+            lines = self._unitctl(host, "states").stdout.splitlines()
+            seen = {}
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 4:
+                    seen[f"{parts[0]}/{parts[1]}"] = (
+                        parts[2],
+                        None if parts[3] == "-" else parts[3],
+                    )
+            for slot in slots:
+                active, config = seen.get(slot.name, ("inactive", None))
+                found[slot.name] = SlotState(slot=slot, active=active, config=config)
+        return found
+
+    def start(self, slot: Slot) -> None:
+        self._unitctl(slot.host, "start", slot.group, str(slot.index))
+
+    def stop(self, slot: Slot) -> None:
+        self._unitctl(
+            slot.host, "stop", slot.group, str(slot.index), timeout=self.plan.stop_timeout + 60
+        )
+
+    def healthy(self, slot: Slot) -> bool:
+        connector = self.pool.connector(self.targets[slot.host])
+        try:
+            response = request(
+                connector, slot.address, slot.port, "GET", self.plan.probe["url"], timeout=5
+            )
+        except HostError:
+            return False
+        return response.status == 200
+
+    def wait_healthy(self, slot: Slot, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.plan.start_timeout)
+        while time.monotonic() < deadline:
+            if self.healthy(slot):
+                return
+            time.sleep(min(1.0, float(self.plan.probe["interval"])))
+        raise HostError(
+            f"{slot.name} on {slot.host} did not become healthy within "
+            f"{timeout or self.plan.start_timeout:.0f} s",
+            hint=f"pdctl logs {self.plan.service} {slot.name}",
+        )
+
+    def register(self, slot: Slot) -> None:
+        self.router.add_worker(slot.url, slot.group, slot.bootstrap_port)
+
+    def deregister(self, slot: Slot, drain_timeout: float = 60.0) -> None:
+        """Remove the worker from the router and wait until the router has let go of it."""
+        worker = self.router.find(slot.url)
+        if worker is None:
+            return
+        self.router.remove_worker(worker.id)
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline and self.router.find(slot.url) is not None:
+            time.sleep(0.5)
+
+    def scale_out(self, slot: Slot) -> None:
+        self.log(f"starting {slot.name} on {slot.host}")
+        self.start(slot)
+        self.wait_healthy(slot)
+        self.register(slot)
+        self.log(f"{slot.name} serving")
+
+    def scale_in(self, slot: Slot) -> None:
+        self.log(f"draining {slot.name} on {slot.host}")
+        self.deregister(slot)
+        self.stop(slot)
+        self.log(f"{slot.name} stopped")
