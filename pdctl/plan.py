@@ -303,6 +303,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
     used_ports: dict[str, int] = {}
     groups: dict[str, GroupPlan] = {}
     shortfalls: list[str] = []
+    candidates: dict[str, list[FleetHost]] = {}
     for role in WORKER_ROLES:
         group = spec.group(role)
         gpu = spec.gpus(group)
@@ -310,7 +311,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         low, high = group.count
         image = group.image or spec.image
         script = worker_script(group, role)
-        plan = GroupPlan(
+        groups[role] = GroupPlan(
             role=role,
             min=low,
             max=high,
@@ -320,37 +321,58 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
             script=script,
             config=_config_hash(image, script, env, spec, per_replica),
         )
-        candidates = [h for h in hosts if h.kind == "gpu" and _fits(h, group, spec) is None]
+        candidates[role] = []
         for h in hosts:
-            reason = _fits(h, group, spec) if h.kind == "gpu" else None
-            if reason:
+            reason = _fits(h, group, spec) if h.kind == "gpu" else "CPU host"
+            if reason is None:
+                candidates[role].append(h)
+            elif h.kind == "gpu":
                 excluded.setdefault(h.name, reason)
-        for index in range(1, high + 1):
-            # The host with the most free GPUs (max keeps the first, lowest-named, of equals):
-            # replicas spread across hosts.
-            host = max(candidates, key=lambda h: len(free[h.name]), default=None)
-            if host is None or len(free[host.name]) < per_replica:
-                shortfalls.append(
-                    f"{role}: {index - 1} of {high} slots fit ({per_replica} GPUs each)"
-                )
-                break
-            taken, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
-            nth = used_ports.get(host.name, 0)
-            used_ports[host.name] = nth + 1
-            ports = spec.pdctl.ports
-            plan.slots.append(
-                Slot(
-                    group=role,
-                    index=index,
-                    host=host.name,
-                    address=host.address,
-                    gpus=taken,
-                    port=ports.base + nth * ports.stride,
-                    bootstrap_port=ports.bootstrap_base + nth if role == "prefill" else None,
-                    start=index <= low,
-                )
+    # Every group's minimum first, then the spares; prefill and decode take turns, so one
+    # group's spares never crowd out the other's minimum.
+    order = [
+        (role, index)
+        for index in range(1, max(g.max for g in groups.values()) + 1)
+        for role in WORKER_ROLES
+        if index <= groups[role].min
+    ]
+    order += [
+        (role, index)
+        for index in range(1, max(g.max for g in groups.values()) + 1)
+        for role in WORKER_ROLES
+        if groups[role].min < index <= groups[role].max
+    ]
+    full: set[str] = set()
+    for role, index in order:
+        group_plan = groups[role]
+        if role in full:
+            continue
+        per_replica = group_plan.gpus_per_replica
+        # The host with the most free GPUs (max keeps the first, lowest-named, of equals):
+        # replicas spread across hosts.
+        host = max(candidates[role], key=lambda h: len(free[h.name]), default=None)
+        if host is None or len(free[host.name]) < per_replica:
+            shortfalls.append(
+                f"{role}: {index - 1} of {group_plan.max} slots fit ({per_replica} GPUs each)"
             )
-        groups[role] = plan
+            full.add(role)
+            continue
+        taken, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
+        nth = used_ports.get(host.name, 0)
+        used_ports[host.name] = nth + 1
+        ports = spec.pdctl.ports
+        group_plan.slots.append(
+            Slot(
+                group=role,
+                index=index,
+                host=host.name,
+                address=host.address,
+                gpus=taken,
+                port=ports.base + nth * ports.stride,
+                bootstrap_port=ports.bootstrap_base + nth if role == "prefill" else None,
+                start=index <= group_plan.min,
+            )
+        )
     for role in WORKER_ROLES:
         placed = len(groups[role].slots)
         if placed < groups[role].min:

@@ -1,0 +1,205 @@
+"""The placement plan: pure, deterministic, no slot sharing a GPU or a port."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdctl.errors import CheckFailed
+from pdctl.inventory import Fleet, FleetHost, Preflight
+from pdctl.plan import CONTAINER_PROVIDER_LIB, build, router_args, worker_script
+from pdctl.spec import load, parse
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"HF_TOKEN": "hf_value"}
+
+
+def host(
+    name: str,
+    kind: str = "gpu",
+    gpus: int = 8,
+    ok: bool = True,
+    model: str = "AMD Instinct MI300X",
+    cpus: int = 96,
+) -> FleetHost:
+    facts = {
+        "cpus": cpus,
+        "memory_gb": 1024.0,
+        "gpus": {"count": gpus if kind == "gpu" else 0, "model": model},
+    }
+    checks = [
+        {"name": "ssh", "ok": True, "message": "ok"},
+        {"name": "rdma_ports", "ok": ok, "message": "x"},
+    ]
+    return FleetHost(
+        name=name,
+        address=f"10.0.0.{len(name) + int(name[-1])}",
+        user="root",
+        kind=kind,
+        facts=facts,
+        preflight=Preflight(ok=ok, checked_at="2026-01-01T00:00:00+00:00", checks=checks),
+    )
+
+
+def fleet(*hosts: FleetHost) -> Fleet:
+    return Fleet(name="f", hosts=list(hosts))
+
+
+def lab_spec() -> tuple:
+    return load(REPO / "examples/lab/pd.yml", ENV)
+
+
+def test_lab_example_on_one_cpu_and_two_gpu_hosts() -> None:
+    spec, env = lab_spec()
+    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    assert plan.router.host == "cpu1"
+    placed = {(s.name, s.host, tuple(s.gpus), s.start) for s in plan.slots()}
+    # The minimum replicas first, spread over the hosts; the spares fill the rest.
+    assert placed == {
+        ("prefill/1", "gpu1", (0, 1, 2, 3), True),
+        ("decode/1", "gpu2", (0, 1, 2, 3), True),
+        ("prefill/2", "gpu1", (4, 5, 6, 7), False),
+        ("decode/2", "gpu2", (4, 5, 6, 7), False),
+    }
+
+
+def test_no_gpu_or_port_is_shared_and_ports_are_apart() -> None:
+    spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
+    plan = build(spec, env, fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))))
+    by_host: dict[str, list] = {}
+    for slot in plan.slots():
+        by_host.setdefault(slot.host, []).append(slot)
+    for slots in by_host.values():
+        gpus = [g for s in slots for g in s.gpus]
+        assert len(gpus) == len(set(gpus)) <= 8
+        ports = sorted(s.port for s in slots)
+        assert all(
+            b - a >= 300 for a, b in zip(ports, ports[1:], strict=False)
+        )  # SGLang uses port+233
+        boots = [s.bootstrap_port for s in slots if s.bootstrap_port]
+        assert len(boots) == len(set(boots))
+        assert not set(boots) & {p + d for p in ports for d in range(0, 300)}
+    assert [len(plan.groups[r].slots) for r in ("prefill", "decode")] == [4, 4]
+    assert all(s.bootstrap_port is None for s in plan.groups["decode"].slots)
+
+
+def test_router_takes_a_gpu_host_when_there_is_no_cpu_host() -> None:
+    spec, env = lab_spec()
+    plan = build(spec, env, fleet(host("gpu1"), host("gpu2")))
+    assert plan.router.host == "gpu1"
+
+
+def test_failed_hosts_are_never_used_and_say_why() -> None:
+    spec, env = lab_spec()
+    plan = build(
+        spec,
+        env,
+        fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3", ok=False)),
+        allow_partial=False,
+    )
+    assert "gpu3" not in {s.host for s in plan.slots()}
+    assert plan.excluded_hosts["gpu3"] == "failed preflight (rdma_ports)"
+
+
+def test_not_enough_capacity_is_refused_unless_partial() -> None:
+    spec, env = lab_spec()
+    small = fleet(host("cpu1", "cpu"), host("gpu1"))  # 8 GPUs; the max needs 16
+    with pytest.raises(CheckFailed) as caught:
+        build(spec, env, small)
+    assert (
+        "prefill: 1 of 2 slots fit" in caught.value.message
+        or "decode: 1 of 2 slots fit" in caught.value.message
+    )
+    assert "--allow-partial" in (caught.value.hint or "")
+    plan = build(spec, env, small, allow_partial=True)
+    assert [plan.groups[r].max for r in ("prefill", "decode")] == [1, 1]
+
+
+def test_even_the_minimum_not_fitting_is_refused_always() -> None:
+    spec, env = lab_spec()
+    with pytest.raises(CheckFailed, match="even the minimum"):
+        build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1", gpus=4)), allow_partial=True)
+
+
+def test_gpu_model_is_checked_against_facts() -> None:
+    spec, env = lab_spec()
+    plan_fleet = fleet(
+        host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3", model="AMD Instinct MI250X")
+    )
+    plan = build(spec, env, plan_fleet)
+    assert plan.excluded_hosts["gpu3"] == "GPU model AMD Instinct MI250X is not MI300X"
+
+
+def test_plan_is_deterministic() -> None:
+    spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
+    hosts = [host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))]
+    first = json.dumps(build(spec, env, fleet(*hosts)).extravars(), sort_keys=True)
+    second = json.dumps(build(spec, env, fleet(*reversed(hosts))).extravars(), sort_keys=True)
+    assert first == second
+
+
+def test_worker_script_uses_the_slot_ports() -> None:
+    spec, _ = lab_spec()
+    prefill = worker_script(spec.group("prefill"), "prefill")
+    assert "--port $PDCTL_PORT" in prefill and "--port 8000" not in prefill
+    assert "--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT" in prefill
+    decode = worker_script(spec.group("decode"), "decode")
+    assert "bootstrap-port" not in decode and decode.startswith("set -e\n")
+
+
+def test_missing_flags_are_added() -> None:
+    text = (REPO / "tests/data/dstack-pd.yml").read_text().replace("--host 0.0.0.0 \\\n", "")
+    spec, _ = parse(text, Path("x.yml"), ENV)
+    script = worker_script(spec.group("decode"), "decode")
+    assert "--host $PDCTL_HOST" in script and "--port $PDCTL_PORT" in script
+
+
+def test_router_flags_keep_policies_and_drop_what_pdctl_sets() -> None:
+    spec, _ = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
+    assert router_args(spec) == [
+        "--prefill-policy",
+        "cache_aware",
+        "--decode-policy",
+        "power_of_two",
+    ]
+    dstack, _ = load(REPO / "tests/data/dstack-pd.yml", ENV)  # no router group: pdctl's defaults
+    assert router_args(dstack) == [
+        "--prefill-policy",
+        "round_robin",
+        "--decode-policy",
+        "round_robin",
+    ]
+
+
+def test_provider_library_is_mounted_once() -> None:
+    spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
+    plan = build(spec, env, fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))))
+    mounts = [v for v in plan.volumes if v.split(":")[1] == CONTAINER_PROVIDER_LIB]
+    assert len(mounts) == 1 and mounts[0].endswith(":ro")
+    dstack, env2 = load(REPO / "tests/data/dstack-pd.yml", ENV)
+    hosts = [host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 4))]
+    plan2 = build(dstack, env2, fleet(*hosts), allow_partial=True)
+    assert plan2.volumes == [
+        f"/usr/lib64/libibverbs/libbnxt_re-rdmav34.so:{CONTAINER_PROVIDER_LIB}:ro"
+    ]
+
+
+def test_slot_environment_and_extravars() -> None:
+    spec, env = lab_spec()
+    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    decode = plan.groups["decode"].slots[1]
+    slot_env = decode.env()
+    assert decode.gpus == [4, 5, 6, 7]
+    assert slot_env["DSTACK_GPUS_NUM"] == "4" and slot_env["ROCR_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert slot_env["PDCTL_DEVICE_ARGS"] == " ".join(
+        f"--device /dev/dri/renderD{128 + g}" for g in range(4, 8)
+    )
+    assert "PDCTL_BOOTSTRAP_PORT" not in slot_env
+    assert plan.groups["prefill"].slots[1].env()["PDCTL_BOOTSTRAP_PORT"] == "8999"
+    extra = plan.extravars()
+    assert extra["pd_router_host"] == "cpu1" and extra["pd_worker_hosts"] == ["gpu1", "gpu2"]
+    assert extra["pd_secret_names"] == ["HF_TOKEN"]
+    assert "hf_value" not in json.dumps(extra)  # secret values never enter the plan
+    assert "slots" not in extra["pd_groups"]["prefill"]

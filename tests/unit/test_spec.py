@@ -1,0 +1,171 @@
+"""pd.yml: dstack service files parse unchanged; each invalid form names file, line, field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdctl.spec import Gpu, Range, SpecError, load, parse
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"HF_TOKEN": "hf_value"}
+
+
+@pytest.mark.parametrize(
+    "name", ["examples/pd-amd-mi300x.yml", "examples/lab/pd.yml", "tests/data/dstack-pd.yml"]
+)
+def test_examples_parse(name: str) -> None:
+    spec, env = load(REPO / name, ENV)
+    roles = [g.role for g in spec.replicas]
+    assert {"prefill", "decode"} <= set(roles)
+    assert env.secrets == ["HF_TOKEN"] and "HF_TOKEN" not in env.plain
+    assert env.plain["MODEL_ID"]
+
+
+def test_dstack_file_keeps_its_meaning() -> None:
+    spec, _ = load(REPO / "tests/data/dstack-pd.yml", ENV)
+    prefill, decode = spec.group("prefill"), spec.group("decode")
+    assert prefill.count == (1, 4) and decode.count == (1, 8)
+    assert prefill.scaling is not None and prefill.scaling.target == 3
+    assert spec.gpus(prefill) == Gpu(model=None, count=1)
+    assert spec.router is not None and spec.router.pd_disaggregation
+    assert spec.probes[0].interval == 15.0 and spec.probes[0].url == "/health_generate"
+    assert spec.ignored == ["spot_policy"]  # a dstack-only field: accepted and ignored
+
+
+def test_amd_example_groups_and_durations() -> None:
+    spec, _ = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
+    assert [g.role for g in spec.replicas] == ["router", "prefill", "decode"]
+    scaling = spec.group("decode").scaling
+    assert scaling is not None and scaling.scale_up_delay == 180 and scaling.scale_down_delay == 600
+    assert spec.gpus(spec.group("prefill")) == Gpu(model="MI300X", count=4)
+    assert spec.pdctl.start_timeout == 3600
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("MI300X:8", Gpu(model="MI300X", count=8)),
+        ("8", Gpu(count=8)),
+        (4, Gpu(count=4)),
+        ("MI300X", Gpu(model="MI300X", count=1)),
+        ("MI300X:192GB:8", Gpu(model="MI300X", count=8)),
+        ({"name": "MI300X", "count": 2}, Gpu(model="MI300X", count=2)),
+    ],
+)
+def test_gpu_forms(value: object, expected: Gpu) -> None:
+    assert Gpu.parse(value) == expected
+
+
+def test_ranges() -> None:
+    assert Range.parse("96..").contains(128) and not Range.parse("96..").contains(64)
+    assert Range.parse("..4").contains(1) and not Range.parse("2..4").contains(5)
+    assert Range.parse(8) == Range(min=8, max=8)
+
+
+BASE = """\
+type: service
+name: svc
+image: img:1
+env:
+  - A=1
+replicas:
+  - count: 1
+    router: {type: sglang}
+  - count: 1..2
+    scaling: {metric: rps, target: 2}
+    commands: ["python3 -m sglang.launch_server --disaggregation-mode prefill"]
+    resources: {gpu: MI300X:4}
+  - count: 1
+    commands: ["python3 -m sglang.launch_server --disaggregation-mode decode"]
+    resources: {gpu: MI300X:4}
+"""
+
+
+def error(text: str, environ: dict[str, str] | None = None) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        parse(text, Path("pd.yml"), ENV if environ is None else environ)
+    return caught.value
+
+
+def test_base_is_valid() -> None:
+    spec, env = parse(BASE, Path("pd.yml"), ENV)
+    assert spec.name == "svc" and env.plain == {"A": "1"}
+
+
+def test_unknown_field_names_line_and_field() -> None:
+    text = BASE.replace("  - count: 1..2\n", "  - count: 1..2\n    replica_magic: yes\n")
+    err = error(text)
+    assert err.message.startswith("pd.yml:10: replicas[1].replica_magic: unknown field")
+    assert err.details["line"] == 10
+
+
+def test_unknown_top_level_field() -> None:
+    err = error(BASE + "colour: blue\n")
+    assert err.message == "pd.yml:16: colour: unknown field (pdctl-only settings go under `pdctl:`)"
+
+
+def test_range_count_needs_scaling() -> None:
+    text = BASE.replace("    scaling: {metric: rps, target: 2}\n", "")
+    err = error(text)
+    assert "pd.yml:9: replicas[1]" in err.message and "a range count needs `scaling`" in err.message
+
+
+def test_bad_count() -> None:
+    err = error(BASE.replace("count: 1..2", "count: lots"))
+    assert "pd.yml:9: replicas[1].count" in err.message and "'lots' is not a count" in err.message
+
+
+def test_unset_bare_env_is_named() -> None:
+    err = error(BASE.replace("  - A=1\n", "  - A=1\n  - HF_TOKEN\n"), environ={})
+    assert err.message.startswith("pd.yml:6: env[1]: HF_TOKEN is to be taken from your environment")
+    assert err.hint == "export HF_TOKEN=... before running pdctl"
+
+
+def test_newline_in_env_value_is_refused() -> None:
+    err = error(BASE.replace("  - A=1\n", '  - "A=1\\nExecStart=/bin/evil"\n'))
+    assert "newline or NUL" in err.message and "env[0]" in err.message
+
+
+def test_secret_with_newline_is_refused() -> None:
+    err = error(BASE.replace("  - A=1\n", "  - HF_TOKEN\n"), environ={"HF_TOKEN": "a\nb"})
+    assert "newline or NUL" in err.message
+
+
+def test_missing_decode_group() -> None:
+    text = BASE[: BASE.index("  - count: 1\n    commands")]
+    err = error(text)
+    assert err.message == "pd.yml:6: replicas: PD disaggregation needs a decode group"
+
+
+def test_two_routers_and_router_count() -> None:
+    assert (
+        "exactly one replica"
+        in error(BASE.replace("  - count: 1\n    router", "  - count: 2\n    router")).message
+    )
+    doubled = BASE + "  - count: 1\n    router: {type: sglang}\n"
+    assert "a second router group" in error(doubled).message
+
+
+def test_group_without_gpus() -> None:
+    err = error(BASE.replace("    resources: {gpu: MI300X:4}\n  - count: 1\n", "  - count: 1\n", 1))
+    assert "how many GPUs a replica needs" in err.message
+
+
+def test_bad_volume() -> None:
+    err = error(BASE + "volumes:\n  - data:/data\n")
+    assert "pd.yml:17: volumes[0]" in err.message
+
+
+def test_yaml_syntax_and_duplicates() -> None:
+    assert error("type: service\nname: [x\n").message.startswith("pd.yml:3: not valid YAML")
+    assert error(BASE + "name: again\n").message == "pd.yml:16: duplicate key 'name'"
+    assert "expected a mapping" in error("- just\n- a list\n").message
+
+
+def test_unreadable_file_is_an_input_error(tmp_path: Path) -> None:
+    from pdctl.errors import InputError
+
+    with pytest.raises(InputError, match="cannot read"):
+        load(tmp_path / "missing.yml", ENV)
