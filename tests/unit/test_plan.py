@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -75,9 +76,7 @@ def test_no_gpu_or_port_is_shared_and_ports_are_apart() -> None:
         gpus = [g for s in slots for g in s.gpus]
         assert len(gpus) == len(set(gpus)) <= 8
         ports = sorted(s.port for s in slots)
-        assert all(
-            b - a >= 300 for a, b in zip(ports, ports[1:], strict=False)
-        )  # SGLang uses port+233
+        assert all(b - a >= 300 for a, b in itertools.pairwise(ports))  # SGLang uses port+233
         boots = [s.bootstrap_port for s in slots if s.bootstrap_port]
         assert len(boots) == len(set(boots))
         assert not set(boots) & {p + d for p in ports for d in range(0, 300)}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.errors import InputError
 from pdctl.spec import Gpu, Range, SpecError, load, parse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +166,5 @@ def test_yaml_syntax_and_duplicates() -> None:
 
 
 def test_unreadable_file_is_an_input_error(tmp_path: Path) -> None:
-    from pdctl.errors import InputError
-
     with pytest.raises(InputError, match="cannot read"):
         load(tmp_path / "missing.yml", ENV)
