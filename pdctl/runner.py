@@ -21,8 +21,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import ansible_runner
-
 from pdctl.content import content_root, playbook
 from pdctl.errors import Interrupted
 
@@ -148,6 +146,8 @@ def run_playbook(
                 for host, count in (data.get(counter) or {}).items():
                     stats.setdefault(host, {})[counter] = count
         return False  # nothing is written to disk: events may carry host data
+
+    import ansible_runner  # noqa: PLC0415 - heavy; hosts that only run the scaler lack it
 
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
     private = Path(tempfile.mkdtemp(prefix="pdctl-run-"))
