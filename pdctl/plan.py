@@ -184,6 +184,10 @@ def worker_script(group: ReplicaGroup, role: WorkerRole) -> str:
                     line, "--disaggregation-bootstrap-port", "$PDCTL_BOOTSTRAP_PORT"
                 )
         lines.append(line.rstrip())
+    # The last command replaces the shell: it becomes the container's PID 1 and gets the
+    # SIGTERM of a stop, so SGLang drains (a shell as PID 1 would ignore it).
+    if not lines[-1].lstrip().startswith("exec "):
+        lines[-1] = "exec " + lines[-1].lstrip()
     return "\n".join(lines) + "\n"
 
 

@@ -145,7 +145,7 @@ def test_worker_script_uses_the_slot_ports() -> None:
     assert "--port $PDCTL_PORT" in prefill and "--port 8000" not in prefill
     assert "--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT" in prefill
     decode = worker_script(spec.group("decode"), "decode")
-    assert "bootstrap-port" not in decode and decode.startswith("set -e\n")
+    assert "bootstrap-port" not in decode and decode.startswith("set -e\nexec python3 -m sglang")
 
 
 def test_missing_flags_are_added() -> None:
