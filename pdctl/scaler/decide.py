@@ -1,0 +1,315 @@
+"""The autoscaling policy: one decision per replica group per tick. PURE (the clock is injected).
+
+Per group, in this order:
+
+1. ``pinned`` (``pdctl scale``) wins: clamped into [min, max], applied at once, no delays.
+2. Out of bounds (below min, above max): go to the bound at once, whatever the metrics say.
+3. Missing or stale metrics: hold; never scale down on no data (HPA).
+4. recommendation = ceil(rps / target) clamped to [min, max] (rps 0 -> min). No action while
+   the load per replica is within +-tolerance of the target (HPA's 10% band).
+5. Up: only ``scale_up_delay`` after this group's last scaling, at most ``max_step_up`` at once.
+   Down: the HIGHEST recommendation within the stabilization window wins (HPA), then
+   ``scale_down_delay``, then at most ``max_step_down`` at once.
+
+Deliberate differences from dstack's RPS autoscaler: each group has its own History, so
+scaling prefill never resets decode's timers (dstack shares one cooldown); a tolerance band,
+step limits and a scale-down stabilization window damp flapping; no data means hold, not
+"0 rps, scale to min"; an optional in-flight-requests signal (desired is the max over
+signals); and shorter default delays (0 s up, 60 s down rather than 5 and 10 min), which are
+safe because a replica that is still loading its model already counts in ``running`` (so a
+scale-up is not repeated while it loads) and the step limits and the window bound each move.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+Action = Literal["up", "down", "hold"]
+
+# ceil(1.1 / 0.1) would be 12: forgive float noise just above an integer.
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One group's scaling settings, from the spec (``replicas[].scaling``) and pins."""
+
+    group: str  # "prefill" or "decode"
+    min: int
+    max: int
+    target: float  # RPS one replica should carry (inf for a group without scaling)
+    tolerance: float = 0.1  # no action while the load per replica is within +-10% of target
+    scale_up_delay: float = 0.0  # seconds since this group's last scaling before an up
+    scale_down_delay: float = 60.0  # ... before a down
+    stabilization: float | None = None  # scale-down window; None -> scale_down_delay
+    max_step_up: int = 2  # replicas added per decision
+    max_step_down: int = 1  # replicas removed per decision
+    stale_after: float = 60.0  # an observation older than this is missing data
+    pinned: int | None = None  # manual override (pdctl scale)
+    inflight_target: float | None = None  # optional second signal: in-flight per replica
+
+    def __post_init__(self) -> None:
+        if self.min < 0 or self.max < self.min:
+            raise ValueError(f"{self.group}: need 0 <= min <= max, got {self.min}..{self.max}")
+        if not self.target > 0:
+            raise ValueError(f"{self.group}: target must be > 0, got {self.target}")
+        if self.inflight_target is not None and not self.inflight_target > 0:
+            raise ValueError(f"{self.group}: inflight_target must be > 0")
+        if self.max_step_up < 1 or self.max_step_down < 1:
+            raise ValueError(f"{self.group}: step limits must be >= 1")
+        if self.tolerance < 0 or self.scale_up_delay < 0 or self.scale_down_delay < 0:
+            raise ValueError(f"{self.group}: tolerance and delays must be >= 0")
+
+    @property
+    def window(self) -> float:
+        """The scale-down stabilization window, in seconds."""
+        return self.scale_down_delay if self.stabilization is None else self.stabilization
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min, min(self.max, replicas))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the observer measured for one group.
+
+    ``running`` counts the group's replicas whose unit runs, serving or still loading the
+    model: a replica being started counts, so a scale-up in progress is not repeated.
+    ``rps`` is the request rate through the router (None: metrics missing; a negative or
+    non-finite value is treated the same way). ``inflight_per_replica`` is the average number
+    of in-flight requests per running replica (only used when ``Policy.inflight_target``).
+    """
+
+    at: float  # when measured, on the same clock as ``now``
+    rps: float | None
+    running: int
+    inflight_per_replica: float | None = None
+
+
+@dataclass
+class History:
+    """One group's memory between ticks. decide() returns a new one; keep one per group.
+
+    An empty History (a fresh scaler) has no window to stabilise on: persist it with
+    to_dict()/from_dict() if a restart must not forget a recent peak.
+    """
+
+    last_scaled_at: float | None = None
+    # (time, recommendation after the tolerance band), pruned to the stabilization window
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "last_scaled_at": self.last_scaled_at,
+            "recommendations": [[at, n] for at, n in self.recommendations],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> History:
+        last = data.get("last_scaled_at")
+        raw = data.get("recommendations")
+        recs: list[tuple[float, int]] = []
+        if isinstance(raw, list):
+            for item in raw:
+                if isinstance(item, list | tuple) and len(item) == 2:
+                    recs.append((float(item[0]), int(item[1])))
+        return cls(
+            last_scaled_at=float(last) if isinstance(last, int | float) else None,
+            recommendations=recs,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    group: str
+    current: int  # replicas running when deciding
+    desired: int  # replicas after this decision
+    recommendation: int | None  # what the signals ask for (None: no data)
+    action: Action
+    reason: str  # one short human sentence
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "current": self.current,
+            "desired": self.desired,
+            "recommendation": self.recommendation,
+            "action": self.action,
+            "reason": self.reason,
+        }
+
+
+def recommend(policy: Policy, rps: float) -> int:
+    """ceil(rps / target) clamped to [min, max]; rps 0 (or less) -> min."""
+    return _need(policy, rps, policy.target)
+
+
+def _need(policy: Policy, load: float, per_replica: float) -> int:
+    if load <= 0:
+        return policy.min
+    ratio = load / per_replica
+    return policy.clamp(math.ceil(ratio - _EPSILON) if math.isfinite(ratio) else policy.max)
+
+
+@dataclass(frozen=True)
+class _Signal:
+    name: str  # "rps" or "inflight"
+    load: float  # the group's total load for this signal
+    per_replica: float  # the target load of one replica
+    recommendation: int  # ceil(load / per_replica), clamped
+    proposal: int  # the recommendation, or current when within the tolerance band
+
+
+def _signal(policy: Policy, name: str, load: float, per_replica: float, current: int) -> _Signal:
+    need = _need(policy, load, per_replica)
+    proposal = need
+    if current > 0 and math.isfinite(per_replica):
+        ratio = load / (per_replica * current)
+        if abs(ratio - 1.0) <= policy.tolerance:
+            proposal = current
+    return _Signal(name, load, per_replica, need, proposal)
+
+
+def _valid(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value >= 0
+
+
+def _signals(policy: Policy, observation: Observation, current: int) -> tuple[list[_Signal], bool]:
+    """The usable signals, and whether every configured signal was usable."""
+    found: list[_Signal] = []
+    complete = True
+    if observation.rps is not None and _valid(observation.rps):
+        found.append(_signal(policy, "rps", observation.rps, policy.target, current))
+    else:
+        complete = False
+    if policy.inflight_target is not None:
+        per = observation.inflight_per_replica
+        if per is not None and _valid(per) and observation.running > 0:
+            load = per * observation.running
+            found.append(_signal(policy, "inflight", load, policy.inflight_target, current))
+        else:
+            complete = False
+    return found, complete
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s"
+
+
+def _compare(s: _Signal, sign: str, current: int, tolerance: float) -> str:
+    return (
+        f"{s.name} {s.load:.1f} {sign} {s.per_replica:.1f} x {current} "
+        f"({'+' if sign == '>' else '-'}{tolerance * 100:.0f}%)"
+    )
+
+
+@dataclass(frozen=True)
+class _Tick:
+    """What one decision works from (the inputs, digested)."""
+
+    policy: Policy
+    current: int
+    now: float
+    since: float | None  # seconds since this group's last scaling (None: never)
+    kept: list[tuple[float, int]]  # recommendations still inside the window
+    signals: list[_Signal]
+    complete: bool  # every configured signal was usable
+    proposal: int | None  # max over signals of the tolerance-applied recommendation
+
+
+def _cooling(t: _Tick, delay: float, name: str) -> str | None:
+    if t.since is not None and t.since < delay:
+        return f"cooling down: last scaling {_ago(t.since)} ago < {name} {_ago(delay)}"
+    return None
+
+
+def _up(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
+    p = t.policy
+    cooling = _cooling(t, p.scale_up_delay, "scale_up_delay")
+    if cooling:
+        return t.current, cooling
+    desired = min(proposal, t.current + p.max_step_up)
+    limit = f" (step limit {p.max_step_up})" if desired < proposal else ""
+    return desired, f"{_compare(lead, '>', t.current, p.tolerance)}: up to {desired}{limit}"
+
+
+def _down(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
+    p = t.policy
+    if not t.complete:
+        return t.current, "some metrics missing: no scale-down, hold"
+    highest = max([proposal, *(n for _, n in t.kept)])
+    if highest >= t.current:
+        return (
+            t.current,
+            f"scale-down stabilising: highest recommendation in {_ago(p.window)} is {highest}",
+        )
+    cooling = _cooling(t, p.scale_down_delay, "scale_down_delay")
+    if cooling:
+        return t.current, cooling
+    desired = max(highest, t.current - p.max_step_down)
+    limit = f" (step limit {p.max_step_down})" if desired > highest else ""
+    held = f" (highest in {_ago(p.window)})" if desired == highest > proposal else ""
+    text = _compare(lead, "<", t.current, p.tolerance)
+    return desired, f"{text}: down to {desired}{limit}{held}"
+
+
+def _no_data(t: _Tick, observation: Observation) -> str:
+    age = t.now - observation.at
+    if age > t.policy.stale_after:
+        return f"metrics stale ({_ago(age)} old > {_ago(t.policy.stale_after)}): hold"
+    return "metrics missing: hold"
+
+
+def _steady(t: _Tick, lead: _Signal) -> str:
+    if any(s.recommendation != t.current for s in t.signals):
+        detail = "; ".join(
+            f"{s.name} {s.load:.1f} vs {s.per_replica:.1f} x {t.current}" for s in t.signals
+        )
+        return f"within tolerance: {detail} (+-{t.policy.tolerance * 100:.0f}%)"
+    return f"steady: {lead.name} {lead.load:.1f} needs {t.current}"
+
+
+def _rule(t: _Tick, observation: Observation) -> tuple[int, str]:
+    p, current = t.policy, t.current
+    if current < p.min:  # the floor holds whatever the metrics say
+        return p.min, f"below min {p.min}: up"
+    if current > p.max:
+        return p.max, f"above max {p.max}: down"
+    if t.proposal is None:  # no data: hold, never scale down
+        return current, _no_data(t, observation)
+    lead = max(t.signals, key=lambda s: (s.proposal, s.name == "rps"))
+    if t.proposal > current:
+        return _up(t, t.proposal, lead)
+    if t.proposal < current:
+        return _down(t, t.proposal, lead)
+    return current, _steady(t, lead)
+
+
+def decide(
+    policy: Policy, observation: Observation, history: History, now: float
+) -> tuple[Decision, History]:
+    """One decision for one group; returns it with the group's new History (inputs untouched)."""
+    current = observation.running
+    last = history.last_scaled_at
+    kept = [(at, n) for at, n in history.recommendations if now - policy.window <= at <= now]
+    stale = now - observation.at > policy.stale_after
+    signals, complete = ([], False) if stale else _signals(policy, observation, current)
+    proposal = max((s.proposal for s in signals), default=None)
+    recommendation = max((s.recommendation for s in signals), default=None)
+    if policy.pinned is not None:  # a pin wins, clamped, at once, no delays
+        desired = policy.clamp(policy.pinned)
+        recommendation = desired
+        reason = f"pinned to {desired}"
+        if desired != policy.pinned:
+            reason += f" (asked {policy.pinned}, bounds {policy.min}..{policy.max})"
+    else:
+        since = None if last is None else now - last
+        tick = _Tick(policy, current, now, since, kept, signals, complete, proposal)
+        desired, reason = _rule(tick, observation)
+    action: Action = "up" if desired > current else "down" if desired < current else "hold"
+    if proposal is not None:
+        kept.append((now, proposal))
+    new = History(last_scaled_at=now if desired != current else last, recommendations=kept)
+    return Decision(policy.group, current, desired, recommendation, action, reason), new
