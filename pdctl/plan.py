@@ -158,6 +158,22 @@ class Plan(BaseModel):
         }
 
 
+def plan_from_extravars(doc: dict[str, Any]) -> Plan:
+    """The inverse of Plan.extravars(): a plan.yml (or the scaler's config) back into a Plan."""
+    fields = {key[3:]: value for key, value in doc.items() if key.startswith("pd_")}
+    slots: dict[str, list[dict[str, Any]]] = {role: [] for role in WORKER_ROLES}
+    for entries in (fields.pop("host_slots", None) or {}).values():
+        for entry in entries:
+            slots[entry["group"]].append(
+                {k: v for k, v in entry.items() if k not in {"unit", "env"}}
+            )
+    groups = fields.get("groups") or {}
+    for role in WORKER_ROLES:
+        groups[role] = {**groups[role], "slots": sorted(slots[role], key=lambda s: s["index"])}
+    known = set(Plan.model_fields)
+    return Plan.model_validate({key: value for key, value in fields.items() if key in known})
+
+
 def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 

@@ -5,7 +5,26 @@
 #   stop GROUP K      stop it (the unit's ExecStop drains the worker)
 # Installed by the pd_worker role; the scaler's SSH key may run nothing else (authorized_keys
 # command=...), so every argument is checked against a strict pattern before use.
+#
+# As an SSH forced command (`command="pdctl-unitctl --ssh SERVICE"` in the scaler user's
+# authorized_keys) it takes the requested words from SSH_ORIGINAL_COMMAND, checks them, and
+# runs itself through sudo, which allows exactly this script for this service.
 set -eu
+self=/usr/local/libexec/pdctl-unitctl
+if [ "${1:-}" = "--ssh" ]; then
+    [ "$#" -eq 2 ] || { echo "usage: pdctl-unitctl --ssh SERVICE" >&2; exit 2; }
+    allowed=$2
+    set -f  # no globbing of the client's words
+    # shellcheck disable=SC2086 # splitting into words is the point; each is checked
+    set -- ${SSH_ORIGINAL_COMMAND:-}
+    set +f
+    if [ "$#" -lt 3 ] || [ "${1##*/}" != pdctl-unitctl ] || [ "$2" != "$allowed" ]; then
+        echo "pdctl-unitctl: not allowed: ${SSH_ORIGINAL_COMMAND:-(nothing)}" >&2
+        exit 2
+    fi
+    shift
+    exec sudo -n "$self" "$@"
+fi
 [ "$#" -ge 2 ] || { echo "usage: pdctl-unitctl SERVICE states|start|stop [GROUP K]" >&2; exit 2; }
 service=$1 verb=$2
 case "$service" in *[!a-z0-9-]* | "" ) echo "bad service name" >&2; exit 2 ;; esac

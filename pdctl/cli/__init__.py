@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from pdctl import __version__
-from pdctl.cli import fleet, lab, service
+from pdctl.cli import fleet, lab, scaler, service
 from pdctl.cli.app import App
 from pdctl.errors import Interrupted, PdctlError
 from pdctl.output import Output
@@ -64,7 +64,15 @@ def cli(ctx: click.Context, json_mode: bool, verbose: int, quiet: bool, home: Pa
 
 cli.add_command(lab.lab)
 cli.add_command(fleet.fleet)
-for command in (service.plan, service.deploy, service.status, service.logs, service.destroy):
+for command in (
+    service.plan,
+    service.deploy,
+    service.status,
+    service.logs,
+    service.destroy,
+    scaler.scale,
+    scaler.scaler,
+):
     cli.add_command(command)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pdctl import ssh
 from pdctl.errors import HostError
 from pdctl.plan import Plan, Slot
-from pdctl.router import Router, request
+from pdctl.router import Connector, Router, request
 
 UNITCTL = "/usr/local/libexec/pdctl-unitctl"
 
@@ -41,10 +41,13 @@ class Actuator:
         *,
         sudo: bool = True,
         log: Callable[[str], None] | None = None,
+        connector: Callable[[ssh.Target], Connector] | None = None,
     ) -> None:
         self.plan, self.pool, self.targets, self.router = plan, pool, targets, router
         self.sudo = sudo
         self.log = log or (lambda _message: None)
+        # How to reach a worker's HTTP port: by default through its host's SSH connection.
+        self.connector = connector or pool.connector
 
     def _unitctl(self, host: str, *args: str, timeout: float = 60.0) -> ssh.Result:
         words = " ".join(shlex.quote(a) for a in (UNITCTL, self.plan.service, *args))
@@ -87,7 +90,7 @@ class Actuator:
         )
 
     def healthy(self, slot: Slot) -> bool:
-        connector = self.pool.connector(self.targets[slot.host])
+        connector = self.connector(self.targets[slot.host])
         try:
             response = request(
                 connector, slot.address, slot.port, "GET", self.plan.probe["url"], timeout=5

@@ -10,7 +10,13 @@ import pytest
 
 from pdctl.errors import CheckFailed
 from pdctl.inventory import Fleet, FleetHost, Preflight
-from pdctl.plan import CONTAINER_PROVIDER_LIB, build, router_args, worker_script
+from pdctl.plan import (
+    CONTAINER_PROVIDER_LIB,
+    build,
+    plan_from_extravars,
+    router_args,
+    worker_script,
+)
 from pdctl.spec import load, parse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,3 +208,9 @@ def test_slot_environment_and_extravars() -> None:
     assert extra["pd_secret_names"] == ["HF_TOKEN"]
     assert "hf_value" not in json.dumps(extra)  # secret values never enter the plan
     assert "slots" not in extra["pd_groups"]["prefill"]
+
+
+def test_extravars_round_trip() -> None:
+    spec, env = lab_spec()
+    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    assert plan_from_extravars(json.loads(json.dumps(plan.extravars()))) == plan

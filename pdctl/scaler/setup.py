@@ -1,0 +1,122 @@
+"""Wiring a Scaler together, on the router host (the unit) or on the control node.
+
+On the router host (``pd-<svc>-scaler.service``) the config written by the
+pd_scaler role says everything: the plan, the worker hosts, the scaler's own
+restricted SSH key, where the router's API key is. On the control node
+(``pdctl scaler run --service S`` in a workspace) the workspace's plan and
+fleet are used with the operator's SSH access, and the router is reached
+through the router host.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pdctl import service as services
+from pdctl import ssh
+from pdctl.errors import InputError
+from pdctl.plan import plan_from_extravars
+from pdctl.router import Router, tcp_connector
+from pdctl.scaler.act import Actuator
+from pdctl.scaler.loop import Log, Scaler, Store
+from pdctl.workspace import Workspace
+
+STATE_DIR = "/var/lib/pdctl/{service}"
+CONFIG = "/etc/pdctl/{service}/scaler.json"
+
+
+def _read_key(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PDCTL_ROUTER_API_KEY":
+            return value.strip()
+    raise InputError(f"{path} has no PDCTL_ROUTER_API_KEY")
+
+
+@contextmanager
+def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any]]]:
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the scaler config {config_path}: {exc}") from exc
+    plan = plan_from_extravars(config["plan"])
+    pool = ssh.Pool(ssh.KnownHosts(Path(config["known_hosts"])), plan.fleet)
+    targets = {
+        name: ssh.Target(
+            address=h["address"],
+            port=int(h.get("port", 22)),
+            user=config["ssh_user"],
+            identity_file=config["identity_file"],
+        )
+        for name, h in config["hosts"].items()
+    }
+    router = Router(
+        plan.router.address,
+        plan.router.port,
+        plan.router.metrics_port,
+        _read_key(Path(config["api_key_file"])),
+        tcp_connector(),
+    )
+    # The scaler's key is restricted to pdctl-unitctl on the worker hosts (no sudo prefix:
+    # the forced command does that itself); health checks go straight to the workers.
+    actuator = Actuator(
+        plan, pool, targets, router, sudo=False, log=log, connector=lambda _t: tcp_connector()
+    )
+    try:
+        yield (
+            Scaler(
+                plan,
+                actuator,
+                router,
+                Store.directory(Path(config["state_dir"])),
+                interval=float(config.get("interval", 2.0)),
+                log=log,
+            ),
+            config,
+        )
+    finally:
+        pool.close()
+
+
+def remote_store(pool: ssh.Pool, target: ssh.Target, directory: str) -> Store:
+    """Files on another host, through sudo over the pooled connection."""
+
+    def read(name: str) -> str | None:
+        result = pool.run(target, f"sudo -n cat {shlex.quote(f'{directory}/{name}')} 2>/dev/null")
+        return result.stdout if result.rc == 0 else None
+
+    def write(name: str, text: str) -> None:
+        path = shlex.quote(f"{directory}/{name}")
+        with pool.session(target) as client:
+            ssh.run(
+                client,
+                f"sudo -n mkdir -p {shlex.quote(directory)} && sudo -n tee {path}.tmp >/dev/null"
+                f" && sudo -n mv {path}.tmp {path}",
+                stdin=text,
+            )
+
+    return Store(read, write)
+
+
+@contextmanager
+def from_workspace(
+    workspace: Workspace, name: str, log: Log, interval: float = 2.0
+) -> Iterator[Scaler]:
+    plan = services.load_plan(workspace, name)
+    with services.open_handle(workspace, plan, log=log) as handle:
+        yield Scaler(
+            plan, handle.actuator, handle.router, handle_store(handle), interval=interval, log=log
+        )
+
+
+def handle_store(handle: services.Handle) -> Store:
+    """The scaler's state and pins on the router host, seen from the control node."""
+    plan = handle.plan
+    return remote_store(
+        handle.pool, handle.targets[plan.router.host], STATE_DIR.format(service=plan.service)
+    )
