@@ -7,7 +7,9 @@ a spare slot, wait healthy, register, then deregister, drain and stop the old).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ from pdctl.errors import HostError, InputError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot, build
 from pdctl.scaler.act import Actuator, SlotState
 from pdctl.spec import Env, Spec, load
-from pdctl.workspace import Workspace
+from pdctl.versions import scaler_requirements
+from pdctl.workspace import Workspace, cache_dir
 
 Progress = Callable[[str], None]
 
@@ -131,6 +134,42 @@ def _fields(before: dict[str, Any], after: dict[str, Any]) -> str:
     )
 
 
+def scaler_source() -> Path:
+    """A clean copy of the pdctl package for the router host's scaler (no caches).
+
+    Content-addressed, so an unchanged pdctl copies nothing on a redeploy.
+    """
+    package = Path(__file__).resolve().parent
+    files = sorted(
+        f
+        for f in package.rglob("*.py")
+        if not {"_content", "__pycache__"} & set(f.relative_to(package).parts)
+    )
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
+    root = cache_dir() / "scaler-src" / digest.hexdigest()[:16]
+    if not (root / "pdctl").is_dir():
+        staging = root.with_name(root.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        for file in files:
+            target = staging / "pdctl" / file.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, target)
+        staging.rename(root)
+    return root
+
+
+def playbook_vars(plan: Plan) -> dict[str, Any]:
+    """The plan's extra-vars, plus what pdctl itself supplies (the scaler's code and packages)."""
+    return {
+        **plan.extravars(),
+        "pd_worker_rollout": "none",
+        "pd_scaler_pdctl_src": str(scaler_source()),
+        "pd_scaler_packages": scaler_requirements(),
+    }
+
+
 def apply(
     workspace: Workspace,
     plan: Plan,
@@ -143,7 +182,7 @@ def apply(
     summary = runner.run_playbook(
         "deploy.yml",
         inventory.fleet_dir(workspace, plan.fleet),
-        extravars={**plan.extravars(), "pd_worker_rollout": "none"},
+        extravars=playbook_vars(plan),
         forks=min(100, max(5, len(plan.hosts()))),
         check=dry_run,
         diff=dry_run,

@@ -1,18 +1,19 @@
-"""A local wheelhouse with the pinned SMG wheel and its dependencies.
+"""A local wheelhouse: the pinned SMG wheel, the scaler's packages, their dependencies.
 
-Lab hosts, like many real GPU clusters, have no internet: the router role
-installs SMG from this directory (mounted at /opt/pdctl-lab/wheelhouse).
+Lab hosts, like many real GPU clusters, have no internet: the router and
+scaler roles install from this directory (mounted at /opt/pdctl-lab/wheelhouse).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from pdctl.errors import EnvironmentProblem
 from pdctl.lab.system import run
-from pdctl.versions import SMG_VERSION
+from pdctl.versions import SMG_VERSION, scaler_requirements
 from pdctl.workspace import cache_dir
 
 # Lab hosts run Debian bookworm's python3 (3.11, glibc 2.36).
@@ -44,12 +45,14 @@ _PLATFORMS = [
 
 
 def ensure_wheelhouse(progress: Callable[[str], None]) -> Path:
-    target = cache_dir() / "wheelhouse" / f"smg-{SMG_VERSION}"
+    wanted = [f"smg=={SMG_VERSION}", *scaler_requirements()]
+    digest = hashlib.sha256(" ".join(wanted).encode()).hexdigest()[:12]
+    target = cache_dir() / "wheelhouse" / f"smg-{SMG_VERSION}-{digest}"
     stamp = target / ".complete"
     if stamp.is_file():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    progress(f"downloading smg=={SMG_VERSION} and its dependencies into the lab wheelhouse")
+    progress(f"downloading smg=={SMG_VERSION}, the scaler's packages and their dependencies")
     platforms = [arg for platform in _PLATFORMS for arg in ("--platform", platform)]
     proc = run(
         [
@@ -62,7 +65,7 @@ def ensure_wheelhouse(progress: Callable[[str], None]) -> Path:
             str(target),
             *_TARGET,
             *platforms,
-            f"smg=={SMG_VERSION}",
+            *wanted,
         ],
         check=False,
         timeout=900,

@@ -46,14 +46,14 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
         raise InputError(f"cannot read the scaler config {config_path}: {exc}") from exc
     plan = plan_from_extravars(config["plan"])
     pool = ssh.Pool(ssh.KnownHosts(Path(config["known_hosts"])), plan.fleet)
-    targets = {
+    targets = {  # hosts: {inventory name: [address, ssh port]}
         name: ssh.Target(
-            address=h["address"],
-            port=int(h.get("port", 22)),
+            address=str(address),
+            port=int(port),
             user=config["ssh_user"],
             identity_file=config["identity_file"],
         )
-        for name, h in config["hosts"].items()
+        for name, (address, port) in config["hosts"].items()
     }
     router = Router(
         plan.router.address,
