@@ -1,0 +1,255 @@
+"""`pdctl deploy` end to end on a 3-host lab (1 CPU host, 2 GPU hosts, `:4` replicas).
+
+The tests run in file order and share one deployment. Everything is the real
+program (sshd, Ansible, systemd, podman, SMG) but the GPUs and SGLang itself.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "examples" / "lab" / "pd.yml"
+SERVICE = "pdlab"
+CONTAINER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+
+
+@dataclass
+class Service:
+    lab: Lab
+    token: str
+    env: dict[str, str]
+    outputs: list[str] = field(default_factory=list)
+    endpoint: str | None = None
+
+    def pdctl(self, *args: str, check: bool = True) -> Any:
+        proc = pdctl(self.lab.home, *args, env=self.env, check=check)
+        self.outputs.append(proc.stdout + proc.stderr)
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.pdctl("--json", *args).stdout)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.json("status", SERVICE)
+        return doc
+
+    def api_key(self) -> str:
+        router = self.status()["groups"]["router"]["host"]
+        node = next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == router)
+        text = self.lab.ssh(node, f"cat /etc/pdctl/{SERVICE}/router.env", user="root").stdout
+        return text.strip().split("=", 1)[1]
+
+    def chat(self, text: str, key: str | None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+        endpoint = self.endpoint or self.status()["endpoint"]
+        request = urllib.request.Request(
+            f"{endpoint}/v1/chat/completions",
+            method="POST",
+            data=json.dumps(
+                {
+                    "model": "lab/tiny-llama",
+                    "messages": [{"role": "user", "content": text}],
+                    "max_tokens": 8,
+                }
+            ).encode(),
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {key}"} if key else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, {}
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    require_lab()
+    home = tmp_path_factory.mktemp("deploy")
+    lab = start_lab(home, hosts=3, cpu_hosts=1)
+    pdctl(home, *lab.status()["fleet_add"].split()[1:])
+    token = f"hf_{uuid.uuid4().hex}"
+    service = Service(lab=lab, token=token, env={"HF_TOKEN": token})
+    yield service
+    pdctl(home, "destroy", SERVICE, "-y", env=service.env, check=False)
+    pdctl(home, "lab", "down")
+
+
+def test_dry_run_changes_nothing(svc: Service) -> None:
+    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "--dry-run")
+    assert doc["dry_run"] is True and doc["changes"][0].startswith("+ new service pdlab")
+    units = svc.lab.ssh("node2", "ls /etc/systemd/system | grep '^pd-' || true").stdout
+    assert units.strip() == ""  # a dry run changes no host
+    assert not (svc.lab.home / ".pdctl" / "services" / SERVICE / "plan.json").exists()
+
+
+def test_deploy_serves_a_chat_request_through_the_router(svc: Service) -> None:
+    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    assert doc["changed_hosts"] and doc["endpoint"].endswith(":8000")
+    status, body = svc.chat("hello there", svc.api_key())
+    assert status == 200
+    answer = body["choices"][0]["message"]["content"]
+    assert answer.startswith("[decode ") and "hello there" in answer  # the decode worker answered
+    assert svc.chat("no key", None)[0] == 401
+
+
+def test_status_reads_everything_live(svc: Service) -> None:
+    doc = svc.status()
+    assert set(doc) >= {"service", "endpoint", "api_key_file", "groups"}
+    assert doc["groups"]["router"]["state"] == "ready"
+    for role in ("prefill", "decode"):
+        group = doc["groups"][role]
+        assert (group["min"], group["max"], group["running"]) == (1, 2, 1)
+        running = [r for r in group["replicas"] if r["state"] == "active"]
+        assert len(running) == 1 and running[0]["registered"] is True
+        assert set(running[0]) >= {"host", "slot", "port", "state", "registered"}
+    human = svc.pdctl("status", SERVICE).stdout
+    assert "prefill/1" in human and "decode/2" in human
+
+
+def test_redeploy_is_a_no_op(svc: Service) -> None:
+    started = time.monotonic()
+    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    assert doc["changes"] == [] and doc["changed_hosts"] == [] and doc["rolled"] == []
+    assert "no changes" in svc.pdctl("deploy", str(SPEC), "--fleet", "lab", "-y").stdout
+    assert time.monotonic() - started < 300
+
+
+def test_provider_library_is_mounted_into_the_workers(svc: Service) -> None:
+    mounts = json.loads(
+        svc.lab.ssh(
+            "node2",
+            f"podman inspect --format '{{{{json .Mounts}}}}' pd-{SERVICE}-prefill-1",
+            user="root",
+        ).stdout
+    )
+    lib = next(m for m in mounts if m["Destination"] == CONTAINER_LIB)
+    assert lib["Source"] == "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so" and lib["RW"] is False
+
+
+def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
+    token = svc.token
+    for node in ("node1", "node2", "node3"):
+        leaks = svc.lab.ssh(
+            node,
+            (
+                f"grep -rl '{token}' /etc/systemd/system /etc/pdctl /var/log /opt/pdctl 2>/dev/null"
+                f" | grep -v '^/etc/pdctl/{SERVICE}/secrets.env$';"
+                f" ps -eo args | grep -c '{token}' | grep -v '^1$';"
+                f" journalctl --no-pager | grep -c '{token}' | grep -v '^0$'"
+            ),
+            user="root",
+            check=False,
+        ).stdout
+        assert leaks.strip() == "", f"{node}: HF_TOKEN value found: {leaks}"
+    mode = svc.lab.ssh("node2", f"stat -c %a /etc/pdctl/{SERVICE}/secrets.env", user="root").stdout
+    assert mode.strip() == "600"
+    inside = svc.lab.ssh("node2", f"podman exec pd-{SERVICE}-decode-1 env", user="root").stdout
+    assert f"HF_TOKEN={token}" in inside  # it does reach the worker, through --env-file
+    for text in svc.outputs:
+        assert token not in text
+    for path in svc.lab.home.rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
+    assert not list(Path("/tmp").glob("pdctl-run-*"))  # runner's private dirs are removed
+
+
+def test_logs_show_the_replica_journal(svc: Service) -> None:
+    text = svc.pdctl("logs", SERVICE, "decode/1", "-n", "50").stdout
+    assert "decode" in text and "ready" in text.lower()
+    bad = svc.pdctl("logs", SERVICE, "decode/9", check=False)
+    assert bad.returncode == 3 and "no replica 'decode/9'" in bad.stderr
+
+
+class Client(threading.Thread):
+    """A light client: one chat request every 0.25 s, counting failures."""
+
+    def __init__(self, svc: Service, key: str) -> None:
+        super().__init__(daemon=True)
+        self.svc, self.key = svc, key
+        svc.endpoint = svc.status()["endpoint"]
+        self.done = threading.Event()
+        self.ok = 0
+        self.failed: list[int] = []
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                status, _ = self.svc.chat("rolling", self.key, timeout=15)
+            except OSError:
+                status = 0
+            if status == 200:
+                self.ok += 1
+            else:
+                self.failed.append(status)
+            time.sleep(0.25)
+
+
+def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Path) -> None:
+    changed = tmp_path / "pd.yml"
+    changed.write_text(SPEC.read_text().replace("sglang-rocm:0.5.4-lab", "sglang-rocm:0.5.5-lab"))
+    plan = svc.json("plan", str(changed), "--fleet", "lab")
+    assert any("rolling update" in line for line in plan["changes"])
+    client = Client(svc, svc.api_key())
+    client.start()
+    try:
+        time.sleep(2)
+        doc = svc.json("deploy", str(changed), "--fleet", "lab", "-y")
+        time.sleep(2)
+    finally:
+        client.done.set()
+        client.join(30)
+    assert sorted(doc["rolled"]) == ["decode/1", "prefill/1"]
+    assert client.failed == [] and client.ok > 20
+    status = svc.status()
+    for role in ("prefill", "decode"):
+        group = status["groups"][role]
+        assert group["running"] == 1 and not any(r["stale"] for r in group["replicas"])
+    image = svc.lab.ssh(
+        "node3", f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
+    ).stdout
+    assert (
+        "0.5.5-lab" in image
+        or "0.5.5-lab"
+        in svc.lab.ssh(
+            "node2", f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
+        ).stdout
+    )
+
+
+def test_destroy_leaves_hosts_clean(svc: Service) -> None:
+    svc.pdctl("destroy", SERVICE, "-y")
+    for node in ("node1", "node2", "node3"):
+        left = svc.lab.ssh(
+            node,
+            (
+                "systemctl list-units --all --no-legend 'pd-*' | wc -l;"
+                " ls /etc/systemd/system | grep -c '^pd-';"
+                " test -e /etc/pdctl && echo etc-pdctl;"
+                " podman ps -a --format '{{.Names}}' 2>/dev/null | grep -c '^pd-'"
+            ),
+            user="root",
+            check=False,
+        ).stdout.split()
+        assert left[:2] == ["0", "0"] and "etc-pdctl" not in left and left[-1] == "0", (
+            f"{node}: {left}"
+        )
+    assert not (svc.lab.home / ".pdctl" / "services" / SERVICE).exists()
+    again = svc.pdctl("destroy", SERVICE, "-y", check=False)
+    assert again.returncode == 7  # nothing left to destroy: a clear "not found"
+    assert pdctl_json(svc.lab.home, "fleet", "show", "lab")["services"] == {}

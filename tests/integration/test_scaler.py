@@ -1,0 +1,263 @@
+"""The scaler end to end on a 3-host lab: load drives both groups up and back down,
+a killed worker comes back, and a scaler killed mid scale-in leaves nothing orphaned.
+
+The scaler under test is the deployed one: pd-pdlab-scaler.service on the router
+host, reaching the worker hosts with its restricted key.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Lab, pdctl, require_lab, start_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "examples" / "lab" / "pd.yml"
+SERVICE = "pdlab"
+
+
+@dataclass
+class Deployed:
+    lab: Lab
+    env: dict[str, str]
+    endpoint: str = ""
+    key: str = ""
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(
+            pdctl(self.lab.home, "--json", "status", SERVICE, env=self.env).stdout
+        )
+        return doc
+
+    def root(self, node: str, command: str, check: bool = True) -> str:
+        return self.lab.ssh(node, command, user="root", check=check).stdout
+
+    def wait(
+        self, what: str, ok: Callable[[dict[str, Any]], bool], seconds: float
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        doc = self.status()
+        while not ok(doc):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}: {json.dumps(doc['groups'], indent=1)}"
+                )
+            time.sleep(2)
+            doc = self.status()
+        return doc
+
+
+class Load(threading.Thread):
+    """Chat requests at a steady rate from a few threads; counts failures per phase."""
+
+    def __init__(self, deployed: Deployed, rps: float) -> None:
+        super().__init__(daemon=True)
+        self.deployed, self.rps = deployed, rps
+        self.stop = threading.Event()
+        self.ok = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+
+    def one(self) -> None:
+        request = urllib.request.Request(
+            f"{self.deployed.endpoint}/v1/chat/completions",
+            method="POST",
+            data=json.dumps(
+                {
+                    "model": "lab/tiny-llama",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                }
+            ).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.deployed.key}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=20) as response:
+                ok = response.status == 200
+                detail = str(response.status)
+        except urllib.error.HTTPError as exc:
+            ok, detail = False, f"{exc.code} {exc.read()[:120]!r}"
+        except OSError as exc:
+            ok, detail = False, str(exc)
+        with self.lock:
+            if ok:
+                self.ok += 1
+            else:
+                self.failures.append(detail)
+
+    def run(self) -> None:
+        period = 1.0 / self.rps
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            threading.Thread(target=self.one, daemon=True).start()
+            next_at += period
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    require_lab()
+    home = tmp_path_factory.mktemp("scaler")
+    lab = start_lab(home, hosts=3, cpu_hosts=1)
+    pdctl(home, *lab.status()["fleet_add"].split()[1:])
+    env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
+    pdctl(home, "deploy", str(SPEC), "--fleet", "lab", "-y", env=env)
+    d = Deployed(lab=lab, env=env)
+    d.endpoint = d.status()["endpoint"]
+    d.key = d.root("node1", f"cat /etc/pdctl/{SERVICE}/router.env").strip().split("=", 1)[1]
+    yield d
+    pdctl(home, "destroy", SERVICE, "-y", env=env, check=False)
+    pdctl(home, "lab", "down")
+
+
+def both(doc: dict[str, Any], running: int, registered: int | None = None) -> bool:
+    for role in ("prefill", "decode"):
+        group = doc["groups"][role]
+        reg = sum(r["registered"] and r["router_status"] == "ready" for r in group["replicas"])
+        if group["running"] != running or reg != (running if registered is None else registered):
+            return False
+    return True
+
+
+def test_scaler_runs_as_a_unit_with_a_restricted_key(deployed: Deployed) -> None:
+    assert (
+        deployed.root("node1", f"systemctl is-active pd-{SERVICE}-scaler.service").strip()
+        == "active"
+    )
+    keys = deployed.root("node2", "cat /var/lib/pdctl-scaler/.ssh/authorized_keys")
+    assert keys.startswith(f'restrict,command="/usr/local/libexec/pdctl-unitctl --ssh {SERVICE}"')
+    probe = deployed.root(
+        "node1",
+        (
+            f"ssh -i /etc/pdctl/{SERVICE}/scaler_id_ed25519"
+            f" -o UserKnownHostsFile=/etc/pdctl/{SERVICE}/scaler_known_hosts"
+            f" -o BatchMode=yes pdctl-scaler@{deployed.lab.host('node2')['address']} id; echo rc=$?"
+        ),
+        check=False,
+    )
+    assert "not allowed" in probe and "uid=" not in probe  # anything but pdctl-unitctl is refused
+
+
+def test_load_drives_both_groups_up_then_down_without_failed_requests(deployed: Deployed) -> None:
+    load = Load(deployed, rps=8)
+    load.start()
+    try:
+        doc = deployed.wait("both groups at 2", lambda d: both(d, 2), 150)
+    finally:
+        load.stop.set()
+        load.join(5)
+    for role in ("prefill", "decode"):
+        assert doc["groups"][role]["desired"] == 2
+    assert load.ok > 100
+    trickle = Load(deployed, rps=0.5)
+    trickle.start()
+    try:
+        deployed.wait("both groups back to 1", lambda d: both(d, 1), 240)
+        time.sleep(3)
+    finally:
+        trickle.stop.set()
+        trickle.join(5)
+    assert trickle.failures == [], trickle.failures
+    assert trickle.ok > 10
+
+
+def test_a_killed_worker_is_replaced_within_90_s(deployed: Deployed) -> None:
+    doc = deployed.status()
+    decode = next(r for r in doc["groups"]["decode"]["replicas"] if r["state"] == "active")
+    node = next(h["name"] for h in deployed.lab.status()["hosts"] if h["address"] == decode["host"])
+    pid = deployed.root(
+        node, f"podman inspect --format '{{{{.State.Pid}}}}' pd-{SERVICE}-decode-{decode['slot']}"
+    )
+    deployed.root(node, f"kill -9 {pid.strip()}")
+    started = time.monotonic()
+    time.sleep(2)
+    deployed.wait("decode serving again", lambda d: both(d, 1), 90)
+    assert time.monotonic() - started < 90
+    load = Load(deployed, rps=2)
+    load.start()
+    time.sleep(3)
+    load.stop.set()
+    load.join(5)
+    assert load.failures == [] and load.ok >= 4
+
+
+def test_scaler_killed_mid_scale_in_leaves_units_and_registrations_agreeing(
+    deployed: Deployed,
+) -> None:
+    pdctl(deployed.lab.home, "scale", SERVICE, "decode", "2", env=deployed.env)
+    deployed.wait(
+        "decode pinned at 2",
+        lambda d: (
+            d["groups"]["decode"]["running"] == 2
+            and sum(r["registered"] for r in d["groups"]["decode"]["replicas"]) == 2
+        ),
+        90,
+    )
+    since = deployed.root("node1", "date +%s").strip()
+    pdctl(deployed.lab.home, "scale", SERVICE, "decode", "1", env=deployed.env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        journal = deployed.root(
+            "node1", f"journalctl -u pd-{SERVICE}-scaler --since @{since} --no-pager"
+        )
+        if "draining decode/" in journal:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the scale-in never started")
+    deployed.root("node1", f"systemctl kill --signal=SIGKILL pd-{SERVICE}-scaler.service")
+    pdctl(deployed.lab.home, "scale", SERVICE, "decode", "auto", env=deployed.env)
+    deployed.wait(
+        "the restarted scaler to settle",
+        lambda d: (
+            d["groups"]["decode"]["running"] == 1
+            and all(
+                r["registered"] == (r["state"] == "active")
+                for r in d["groups"]["decode"]["replicas"]
+            )
+        ),
+        120,
+    )
+    assert (
+        deployed.root("node1", f"systemctl is-active pd-{SERVICE}-scaler.service").strip()
+        == "active"
+    )
+    for role in ("prefill", "decode"):
+        for replica in deployed.status()["groups"][role]["replicas"]:
+            assert replica["registered"] == (replica["state"] == "active"), replica
+
+
+def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
+    doc = deployed.status()
+    for role in ("prefill", "decode"):
+        assert doc["groups"][role]["desired"] is not None
+        assert doc["groups"][role]["last_decision"]["reason"]
+    journal = deployed.root("node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager")
+    assert "decision decode: rps=" in journal and "desired=" in journal and "reason=" in journal
+    metrics = deployed.root(
+        "node1",
+        'python3 -c "import urllib.request as u;'
+        " print(u.urlopen('http://127.0.0.1:29100/metrics').read().decode())\"",
+    )
+    for name in (
+        "pdctl_scaler_desired_replicas",
+        "pdctl_scaler_running_replicas",
+        "pdctl_scaler_rps",
+        "pdctl_scaler_decisions_total",
+        "pdctl_scaler_action_seconds",
+    ):
+        assert name in metrics
