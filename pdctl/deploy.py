@@ -20,7 +20,9 @@ from pdctl import inventory, runner
 from pdctl import service as services
 from pdctl.errors import HostError, InputError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot, build
+from pdctl.scaler import control
 from pdctl.scaler.act import Actuator, SlotState
+from pdctl.scaler.setup import handle_store
 from pdctl.spec import Env, Spec, load
 from pdctl.versions import scaler_requirements
 from pdctl.workspace import Workspace, cache_dir
@@ -267,6 +269,9 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
             router_state = "ready" if handle.router.ready() else "not ready"
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
+        scaler = control.recorded(handle_store(handle))
+    scaler_alive = control.alive(scaler)
+    decisions = (scaler or {}).get("groups") or {}
     groups: dict[str, Any] = {
         "router": {
             "host": plan.router.host,
@@ -295,11 +300,14 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
                     "stale": bool(state.running and state.config not in {None, group.config}),
                 }
             )
+        decision = decisions.get(role)
         groups[role] = {
             "min": group.min,
             "max": group.max,
-            "desired": None,
+            "desired": decision["desired"] if decision and scaler_alive else None,
+            "pinned": ((scaler or {}).get("pins") or {}).get(role),
             "running": sum(r["state"] == "active" for r in replicas),
+            "last_decision": decision,
             "replicas": replicas,
         }
     return {
@@ -307,6 +315,11 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
         "fleet": plan.fleet,
         "endpoint": f"http://{plan.router.address}:{plan.router.port}",
         "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=name)}",
+        "scaler": {
+            "running": scaler_alive,
+            "rps": (scaler or {}).get("rps"),
+            "recorded_at": (scaler or {}).get("at"),
+        },
         "groups": groups,
     }
 

@@ -118,6 +118,9 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     router = doc["groups"]["router"]
     app.out.line(f"service {doc['service']} on fleet {doc['fleet']}: {doc['endpoint']}")
     app.out.line(f"router on {router['host']}: {router['state']}")
+    scaler = doc["scaler"]
+    rps = "n/a" if scaler["rps"] is None else f"{scaler['rps']:.2f}"
+    app.out.line(f"scaler: {'running' if scaler['running'] else 'not running'}, rps {rps}")
     rows = []
     for role in ("prefill", "decode"):
         group = doc["groups"][role]
@@ -134,7 +137,12 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
             )
         desired = group["desired"] if group["desired"] is not None else "-"
         bounds = f"{group['min']}..{group['max']}"
-        app.out.line(f"{role}: {group['running']} running, desired {desired}, bounds {bounds}")
+        pinned = f", pinned {group['pinned']}" if group["pinned"] is not None else ""
+        last = group["last_decision"]
+        why = f" ({last['reason']})" if last else ""
+        app.out.line(
+            f"{role}: {group['running']} running, desired {desired}{pinned}, bounds {bounds}{why}"
+        )
     app.out.table(["replica", "host", "port", "unit", "router", "config"], rows)
 
 
