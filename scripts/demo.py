@@ -1,36 +1,68 @@
 """`make demo`: the user's journey on an emulated bare-metal fleet, command by command.
 
 Each step prints the exact pdctl command it runs, so the transcript doubles as
-a tutorial. The workspace is ``$PDCTL_HOME`` or ``.demo/`` in the checkout;
-the lab stays up afterwards for exploring (``pdctl lab down`` removes it).
+a tutorial: boot a lab, register it as a fleet (preflight included), deploy the
+PD service, send a chat request through the router, scale decode up and down.
+The workspace is ``$PDCTL_HOME`` or ``.demo/`` in the checkout; the lab and the
+service stay up afterwards for exploring (``pdctl destroy pdlab -y; pdctl lab down``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HOME = Path(os.environ.get("PDCTL_HOME", REPO / ".demo")).resolve()
 PDCTL = str(Path(sys.executable).parent / "pdctl")
+SPEC = REPO / "examples" / "lab" / "pd.yml"
+ENV = {
+    **os.environ,
+    "PDCTL_HOME": str(HOME),
+    "HF_TOKEN": os.environ.get("HF_TOKEN", "hf_demo_not_a_real_token"),
+}
 
 
-def step(title: str, *argv: str) -> str:
+def step(title: str, *argv: str, show: bool = True) -> str:
     print(f"\n== {title}\n$ {shlex.join(['pdctl', *argv])}", flush=True)
-    proc = subprocess.run(
-        [PDCTL, *argv],
-        env={**os.environ, "PDCTL_HOME": str(HOME)},
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    print(proc.stdout, end="", flush=True)
+    proc = subprocess.run([PDCTL, *argv], env=ENV, stdout=subprocess.PIPE, text=True, check=False)
+    if show:
+        print(proc.stdout, end="", flush=True)
     if proc.returncode != 0:
         sys.exit(f"demo: `pdctl {' '.join(argv)}` failed with exit {proc.returncode}")
     return proc.stdout
+
+
+def chat(endpoint: str, key: str, text: str) -> str:
+    request = urllib.request.Request(  # noqa: S310 - http to the lab's own router
+        f"{endpoint}/v1/chat/completions",
+        method="POST",
+        data=json.dumps(
+            {"model": "lab/tiny-llama", "messages": [{"role": "user", "content": text}]}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - the lab's router
+        return str(json.loads(response.read())["choices"][0]["message"]["content"])
+
+
+def wait_running(group: str, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        doc = json.loads(
+            step(f"waiting for {group} to run {count}", "--json", "status", "pdlab", show=False)
+        )
+        replicas = doc["groups"][group]["replicas"]
+        if sum(r["state"] == "active" and r["registered"] for r in replicas) == count:
+            return
+        time.sleep(2)
+    sys.exit(f"demo: {group} did not reach {count} replicas")
 
 
 def main() -> None:
@@ -45,13 +77,58 @@ def main() -> None:
         "--cpu-hosts",
         "1",
     )
-    step("The lab as a script sees it", "--json", "lab", "status")
+    status = json.loads(step("The lab as a script sees it", "--json", "lab", "status"))
     step(
         "SSH into a GPU host and list its RDMA devices", "lab", "ssh", "node2", "--", "ibv_devices"
     )
+    step(
+        "Register the hosts as a fleet: keys pinned, facts gathered, preflight run",
+        *status["fleet_add"].split()[1:],
+    )
+    step(
+        "Deploy the PD service (router, prefill and decode pools)",
+        "deploy",
+        str(SPEC),
+        "--fleet",
+        "lab",
+        "-y",
+    )
+    doc = json.loads(step("Where it runs", "--json", "status", "pdlab", show=False))
+    step("Its status, read live", "status", "pdlab")
+    key = (
+        subprocess.run(
+            [
+                PDCTL,
+                "lab",
+                "ssh",
+                "--user",
+                "root",
+                "node1",
+                "--",
+                "cat /etc/pdctl/pdlab/router.env",
+            ],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split("=", 1)[1]
+    )
+    print(f"\n== A chat request through the router at {doc['endpoint']}")
+    print(f"$ curl {doc['endpoint']}/v1/chat/completions -H 'Authorization: Bearer $KEY' -d '...'")
+    print(chat(doc["endpoint"], key, "What is prefill/decode disaggregation?"))
+    step("Scale decode up to 2 (a pin, within the group's bounds)", "scale", "pdlab", "decode", "2")
+    wait_running("decode", 2)
+    step("Two decode replicas now", "status", "pdlab")
+    step("And back down to 1", "scale", "pdlab", "decode", "1")
+    wait_running("decode", 1)
+    step("Hand decode back to the autoscaler", "scale", "pdlab", "decode", "auto")
+    print(chat(doc["endpoint"], key, "still there?"))
     print(
-        f"\nThe lab is still up. Explore it with `PDCTL_HOME={HOME} pdctl lab ssh node2`;"
-        f" remove it with `PDCTL_HOME={HOME} pdctl lab down`."
+        f"\nThe lab and the service are still up. Explore: `PDCTL_HOME={HOME} pdctl status pdlab`,"
+        f" `pdctl logs pdlab decode/1`. Clean up: `PDCTL_HOME={HOME} pdctl destroy pdlab -y;"
+        f" PDCTL_HOME={HOME} pdctl lab down`."
     )
 
 
