@@ -220,6 +220,7 @@ def apply(
 def _roll(workspace: Workspace, plan: Plan, progress: Progress) -> list[str]:
     """Replace running replicas whose config is stale, one at a time, without downtime."""
     rolled: list[str] = []
+    paused = False
     with services.open_handle(workspace, plan, log=progress) as handle:
         actuator = handle.actuator
         states = actuator.states()
@@ -230,6 +231,9 @@ def _roll(workspace: Workspace, plan: Plan, progress: Progress) -> list[str]:
                 for s in states.values()
                 if s.slot.group == role and s.running and s.config not in {None, config}
             ]
+            if stale and not rolled:
+                # The scaler would see the surge replica as one too many: pause it meanwhile.
+                paused = _scaler_unit(handle, "stop")
             for old in stale:
                 spare = _spare(states, role, exclude=old.slot)
                 if spare is not None:
@@ -243,7 +247,25 @@ def _roll(workspace: Workspace, plan: Plan, progress: Progress) -> list[str]:
                     _restart_in_place(actuator, old.slot)
                     states[old.slot.name] = SlotState(old.slot, "active", config)
                 rolled.append(old.slot.name)
+        if rolled and paused:
+            _scaler_unit(handle, "start")
     return rolled
+
+
+def _scaler_unit(handle: services.Handle, verb: str) -> bool:
+    """Start or stop the service's scaler unit; False when there is none."""
+    unit = f"pd-{handle.plan.service}-scaler.service"
+    target = handle.targets[handle.plan.router.host]
+    if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
+        return False
+    result = handle.pool.run(
+        target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
+    )
+    if result.rc != 0:
+        raise HostError(
+            f"{handle.plan.router.host}: systemctl {verb} {unit} failed: {result.stderr.strip()}"
+        )
+    return True
 
 
 def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | None:
@@ -362,6 +384,8 @@ def destroy(workspace: Workspace, name: str, progress: Progress) -> dict[str, An
     deregistered: list[str] = []
     try:
         with services.open_handle(workspace, plan, log=progress) as handle:
+            if _scaler_unit(handle, "stop"):  # else it would register the workers again
+                progress("stopped the scaler")
             for slot in plan.slots():
                 if handle.router.find(slot.url) is not None:
                     progress(f"deregistering and draining {slot.name}")
