@@ -158,7 +158,7 @@ def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
         listing = svc.lab.ssh(
             node,
             "cat $(find /etc/systemd/system /etc/pdctl /opt/pdctl -type f"
-            f" ! -name secrets.env ! -name '*.pyc' 2>/dev/null) 2>/dev/null || true",
+            " ! -name secrets.env ! -name '*.pyc' 2>/dev/null) 2>/dev/null || true",
             user="root",
         ).stdout
         assert token not in listing, f"{node}: HF_TOKEN value in a unit or config file"
