@@ -97,6 +97,7 @@ class Lab:
         user: str | None = None,
         check: bool = True,
         timeout: float = 120,
+        stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a command on a lab host through the real ssh client."""
         host = self.host(name)
@@ -117,7 +118,15 @@ class Lab:
             f"{user or host['user']}@{host['address']}",
             command,
         ]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            input=stdin,
+            errors="replace",
+        )
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"ssh {name} {command!r} exited {proc.returncode}\n"

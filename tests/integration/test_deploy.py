@@ -145,8 +145,8 @@ def test_provider_library_is_mounted_into_the_workers(svc: Service) -> None:
 def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
     token = svc.token
     for node in ("node1", "node2", "node3"):
-        # Read everything back and search here: a token on the remote command line would
-        # find itself in `ps`.
+        # ps and the journal are read back and searched here; files are searched there with
+        # the token on stdin: a token on a remote command line would find itself in `ps`.
         args = svc.lab.ssh(node, "ps -eo args", user="root").stdout
         journal = svc.lab.ssh(node, "journalctl --no-pager -o cat", user="root").stdout
         assert token not in args and token not in journal, (
@@ -155,30 +155,36 @@ def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
         secrets = svc.lab.ssh(
             node, f"cat /etc/pdctl/{SERVICE}/secrets.env 2>/dev/null || true", user="root"
         ).stdout
-        listing = svc.lab.ssh(
+        # the token goes in on stdin (grep -f -), never on a command line
+        found = svc.lab.ssh(
             node,
-            "cat $(find /etc/systemd/system /etc/pdctl /opt/pdctl -type f"
-            " ! -name secrets.env ! -name '*.pyc' 2>/dev/null) 2>/dev/null || true",
+            "grep -rlF -f - /etc/systemd/system /etc/pdctl /opt/pdctl /var/log 2>/dev/null || true",
             user="root",
-        ).stdout
-        assert token not in listing, f"{node}: HF_TOKEN value in a unit or config file"
+            stdin=token + "\n",
+        ).stdout.split()
+        assert [f for f in found if not f.endswith("/secrets.env")] == [], (
+            f"{node}: HF_TOKEN in {found}"
+        )
         if node != "node1":
             assert token in secrets
     mode = svc.lab.ssh("node2", f"stat -c %a /etc/pdctl/{SERVICE}/secrets.env", user="root").stdout
     assert mode.strip() == "600"
-    inside = svc.lab.ssh("node2", f"podman exec pd-{SERVICE}-decode-1 env", user="root").stdout
+    inside = svc.lab.ssh("node2", f"podman exec pd-{SERVICE}-prefill-1 env", user="root").stdout
     assert f"HF_TOKEN={token}" in inside  # it does reach the worker, through --env-file
     for text in svc.outputs:
         assert token not in text
+    hosts_disks = svc.lab.home / ".pdctl" / "lab" / "hosts"  # the lab hosts' own disks
     for path in svc.lab.home.rglob("*"):
-        if path.is_file() and path.stat().st_size < 5_000_000:
+        if path.is_file() and hosts_disks not in path.parents and path.stat().st_size < 5_000_000:
             assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
     assert not list(Path("/tmp").glob("pdctl-run-*"))  # runner's private dirs are removed
 
 
 def test_logs_show_the_replica_journal(svc: Service) -> None:
-    text = svc.pdctl("logs", SERVICE, "decode/1", "-n", "50").stdout
-    assert "decode" in text and "ready" in text.lower()
+    recent = svc.pdctl("logs", SERVICE, "decode/1", "-n", "5").stdout.splitlines()
+    assert 1 <= len(recent) <= 5 and all(f"pd-{SERVICE}-decode-1" in line for line in recent)
+    history = svc.pdctl("logs", SERVICE, "decode/1", "-n", "100000").stdout
+    assert "fired up and ready to roll" in history and "Uvicorn running on" in history
     bad = svc.pdctl("logs", SERVICE, "decode/9", check=False)
     assert bad.returncode == 3 and "no replica 'decode/9'" in bad.stderr
 
@@ -226,7 +232,8 @@ def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Pa
     status = svc.status()
     for role in ("prefill", "decode"):
         group = status["groups"][role]
-        assert group["running"] == 1 and not any(r["stale"] for r in group["replicas"])
+        # the client's ~4 rps may make the scaler add a replica: any count, none stale
+        assert group["running"] >= 1 and not any(r["stale"] for r in group["replicas"])
     image = svc.lab.ssh(
         "node3", f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
     ).stdout
