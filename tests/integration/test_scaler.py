@@ -145,7 +145,7 @@ def test_scaler_runs_as_a_unit_with_a_restricted_key(deployed: Deployed) -> None
         (
             f"ssh -i /etc/pdctl/{SERVICE}/scaler_id_ed25519"
             f" -o UserKnownHostsFile=/etc/pdctl/{SERVICE}/scaler_known_hosts"
-            f" -o BatchMode=yes pdctl-scaler@{deployed.lab.host('node2')['address']} id; echo rc=$?"
+            f" -o BatchMode=yes pdctl-scaler@{deployed.lab.host('node2')['address']} id 2>&1; echo rc=$?"
         ),
         check=False,
     )
@@ -162,7 +162,7 @@ def test_load_drives_both_groups_up_then_down_without_failed_requests(deployed: 
         load.join(5)
     for role in ("prefill", "decode"):
         assert doc["groups"][role]["desired"] == 2
-    assert load.ok > 100
+    assert load.ok > 30 and load.failures == [], load.failures
     trickle = Load(deployed, rps=0.5)
     trickle.start()
     try:
