@@ -145,7 +145,8 @@ def test_scaler_runs_as_a_unit_with_a_restricted_key(deployed: Deployed) -> None
         (
             f"ssh -i /etc/pdctl/{SERVICE}/scaler_id_ed25519"
             f" -o UserKnownHostsFile=/etc/pdctl/{SERVICE}/scaler_known_hosts"
-            f" -o BatchMode=yes pdctl-scaler@{deployed.lab.host('node2')['address']} id 2>&1; echo rc=$?"
+            f" -o BatchMode=yes pdctl-scaler@{deployed.lab.host('node2')['address']}"
+            " id 2>&1; echo rc=$?"
         ),
         check=False,
     )
