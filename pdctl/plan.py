@@ -140,6 +140,7 @@ class Plan(BaseModel):
             entry = {
                 **slot.model_dump(mode="json"),
                 "unit": slot.unit(self.service),
+                "url": slot.url,
                 "env": slot.env(),
             }
             host_slots.setdefault(slot.host, []).append(entry)
@@ -165,7 +166,7 @@ def plan_from_extravars(doc: dict[str, Any]) -> Plan:
     for entries in (fields.pop("host_slots", None) or {}).values():
         for entry in entries:
             slots[entry["group"]].append(
-                {k: v for k, v in entry.items() if k not in {"unit", "env"}}
+                {k: v for k, v in entry.items() if k not in {"unit", "env", "url"}}
             )
     groups = fields.get("groups") or {}
     for role in WORKER_ROLES:

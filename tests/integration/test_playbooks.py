@@ -420,8 +420,14 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
     registered); the other group is untouched."""
     (spare,) = deployment.slots("prefill", start=False)
     spare_node = deployment.nodes[spare["host"]]
-    deployment.root(spare_node, f"systemctl start {spare['unit']}")  # as the scaler would
-    _wait_healthy(f"http://{spare['address']}:{spare['port']}/health")
+    # Pin prefill to 2 the way `pdctl scale` does: the scaler the playbook installed starts the
+    # spare (and, unpinned, it would stop a slot started behind its back).
+    deployment.root(
+        deployment.router,
+        f"mkdir -p /var/lib/pdctl/{SERVICE} && "
+        f"echo '{{\"prefill\": 2}}' > /var/lib/pdctl/{SERVICE}/overrides.json",
+    )
+    _wait_healthy(f"http://{spare['address']}:{spare['port']}/health", timeout=90)
     (decode,) = deployment.slots("decode", start=True)
     decode_node = deployment.nodes[decode["host"]]
     decode_name = f"pd-{SERVICE}-decode-{decode['index']}"

@@ -1,0 +1,29 @@
+"""Write a deploy plan for the lab with molecule's host names (node1..) instead of addresses.
+
+Usage: make_plan.py WORKSPACE SPEC OUT. HF_TOKEN must be set (the spec takes it from the
+environment); the plan itself holds only its name.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from pdctl import inventory, plan, spec
+from pdctl.lab import manager
+from pdctl.workspace import Workspace
+
+
+def main() -> None:
+    workspace, spec_path, out = Workspace(Path(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3])
+    names = {h["address"]: h["name"] for h in manager.status(workspace)["hosts"]}
+    fleet = inventory.load(workspace, "lab")
+    for host in fleet.hosts:
+        host.name = names[host.address]
+    service, env = spec.load(spec_path, os.environ)
+    out.write_text(yaml.safe_dump(plan.build(service, env, fleet).extravars(), sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
