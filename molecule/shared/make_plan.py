@@ -1,4 +1,4 @@
-"""Write a deploy plan for the lab with molecule's host names (node1..) instead of addresses.
+"""Write the deploy extra-vars for the lab, with molecule's host names (node1..) for addresses.
 
 Usage: make_plan.py WORKSPACE SPEC OUT. HF_TOKEN must be set (the spec takes it from the
 environment); the plan itself holds only its name.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import inventory, plan, spec
+from pdctl import deploy, inventory, plan, spec
 from pdctl.lab import manager
 from pdctl.workspace import Workspace
 
@@ -22,7 +22,9 @@ def main() -> None:
     for host in fleet.hosts:
         host.name = names[host.address]
     service, env = spec.load(spec_path, os.environ)
-    out.write_text(yaml.safe_dump(plan.build(service, env, fleet).extravars(), sort_keys=False))
+    # The extra-vars pdctl itself passes: the plan, plus a clean copy of pdctl for the scaler.
+    built = plan.build(service, env, fleet)
+    out.write_text(yaml.safe_dump(deploy.playbook_vars(built), sort_keys=False))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pdctl.plan import Plan, Slot
 from pdctl.router import Connector, Router, request
 
 UNITCTL = "/usr/local/libexec/pdctl-unitctl"
+HEALTH_POLL = 0.2  # seconds between probes of a starting slot
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ class Actuator:
         while time.monotonic() < deadline:
             if self.healthy(slot):
                 return
-            time.sleep(min(1.0, float(self.plan.probe["interval"])))
+            # A probe is one request over a pooled connection: poll often, so a slot that
+            # just came up is registered within a fraction of a second, not a whole interval.
+            time.sleep(min(HEALTH_POLL, float(self.plan.probe["interval"])))
         raise HostError(
             f"{slot.name} on {slot.host} did not become healthy within "
             f"{timeout or self.plan.start_timeout:.0f} s",

@@ -1,0 +1,88 @@
+"""The baselines pdctl is measured against, built from pdctl's own playbooks.
+
+- Ansible's defaults: the same deploy playbook and plan, run by plain `ansible-playbook` with
+  forks 5, no pipelining, no ControlPersist (a new SSH connection per task) and facts
+  gathered in full at every play, as a playbook that does not opt out gets them.
+- Host after host: `pdctl fleet check --limit H` once per host, one after the other.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from bench.lablib import FLEET, PDCTL, BenchLab, stopwatch
+from pdctl import content, deploy, inventory
+from pdctl.workspace import Workspace
+
+DEFAULTS_CFG = """\
+# Ansible's defaults for what pdctl tunes; everything else as pdctl's ansible.cfg.
+[defaults]
+roles_path = {roles}
+host_key_checking = True
+retry_files_enabled = False
+gathering = implicit
+forks = 5
+interpreter_python = auto_silent
+deprecation_warnings = False
+localhost_warning = False
+
+[ssh_connection]
+pipelining = False
+ssh_args = -o ControlMaster=no -o BatchMode=yes
+"""
+
+
+def defaults_playbook(name: str, out: Path) -> Path:
+    """pdctl's playbook with every play gathering facts (Ansible's default `gather_facts`)."""
+    plays = yaml.safe_load(content.playbook(name).read_text())
+    for play in plays:
+        if "hosts" in play and "import_playbook" not in play:
+            play["gather_facts"] = True
+    path = out / f"defaults-{name}"
+    path.write_text(yaml.safe_dump(plays, sort_keys=False))
+    return path
+
+
+def defaults_config(out: Path) -> Path:
+    path = out / "ansible-defaults.cfg"
+    path.write_text(DEFAULTS_CFG.format(roles=content.roles_dir()))
+    return path
+
+
+def deploy_with_ansible_defaults(lab: BenchLab, spec: Path, out: Path) -> float:
+    """Seconds for `ansible-playbook deploy.yml -e @vars` under Ansible's defaults."""
+    out.mkdir(parents=True, exist_ok=True)
+    workspace = Workspace(lab.home)
+    _, _, plan = deploy.make_plan(workspace, spec, FLEET, environ=lab.env)
+    extravars = out / "deploy-vars.json"
+    extravars.touch(mode=0o600)
+    # The same extra-vars pdctl passes (the plan, its scaler source, rollout none).
+    extravars.write_text(json.dumps(deploy.playbook_vars(plan)))
+    env = {**lab.env, "ANSIBLE_CONFIG": str(defaults_config(out))}
+    playbook = defaults_playbook("deploy.yml", out)
+    argv = [
+        str(Path(PDCTL).with_name("ansible-playbook")),
+        "-i",
+        str(inventory.fleet_dir(workspace, FLEET)),
+        str(playbook),
+        "-e",
+        f"@{extravars}",
+    ]
+    saved, lab.env = lab.env, env
+    try:
+        with stopwatch() as took:
+            lab.run(*argv)
+    finally:
+        lab.env = saved
+    return took[0]
+
+
+def check_host_after_host(lab: BenchLab) -> float:
+    hosts = [h["address"] for h in lab.status()["hosts"]]
+    with stopwatch() as took:
+        for address in hosts:
+            lab.pdctl("fleet", "check", FLEET, "--limit", address)
+    return took[0]

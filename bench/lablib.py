@@ -1,0 +1,155 @@
+"""What the benchmarks share: a lab in its own workspace, pdctl as a user runs it, timing.
+
+Every benchmark runs the real programs (pdctl's CLI, ansible-playbook, SSH, systemd, podman,
+SMG) on lab hosts that this run boots, on addresses inside namespaces it created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+OUT = BENCH / "out"
+REPO = BENCH.parent
+PDCTL = str(Path(sys.executable).parent / "pdctl")
+SERVICE = "bench"
+FLEET = "bench"
+
+
+class BenchError(RuntimeError):
+    """A benchmark step failed: its output says why."""
+
+
+def line(name: str, pdctl: float, baseline: float, hosts: int, extra: str = "") -> str:
+    """The one result line per benchmark: R = baseline / pdctl, higher is better."""
+    ratio = baseline / pdctl if pdctl > 0 else float("inf")
+    tail = f", {extra}" if extra else ""
+    return (
+        f"bench {name}: ratio {ratio:.2f} (pdctl {pdctl:.2f} s, baseline {baseline:.2f} s, "
+        f"{hosts} hosts{tail})"
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """`with stopwatch() as t: ...` then t[0] holds the seconds the block took."""
+    box: list[float] = []
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - start)
+
+
+def spec_filling(hosts: int, cpu_hosts: int = 1) -> dict[str, Any]:
+    """The lab example, sized to fill every GPU host: two `:4` slots per 8-GPU host.
+
+    Prefill takes one slot per GPU host and runs them all; decode the other, all running but
+    one spare (the slot the scale-action benchmark starts and stops). The rps target is out of
+    reach, so the scaler holds the groups where the deploy put them.
+    """
+    example = yaml.safe_load((REPO / "examples" / "lab" / "pd.yml").read_text())
+    gpu_hosts = hosts - cpu_hosts
+    if gpu_hosts < 2:
+        raise BenchError("a benchmark fleet needs at least two GPU hosts")
+    example["name"] = SERVICE
+    router, prefill, decode = example["replicas"]
+    for group in (prefill, decode):
+        group["scaling"]["target"] = 1000
+    prefill["count"] = f"{gpu_hosts}..{gpu_hosts}"
+    decode["count"] = f"{gpu_hosts - 1}..{gpu_hosts}"
+    example["replicas"] = [router, prefill, decode]
+    return example
+
+
+@dataclass
+class BenchLab:
+    """A lab of `hosts` hosts (the first `cpu_hosts` CPU-only) in workspace `home`."""
+
+    home: Path
+    hosts: int
+    cpu_hosts: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "PDCTL_HOME": str(self.home),
+            "HF_TOKEN": "hf_bench_not_a_real_token",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def run(self, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            list(argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise BenchError(
+                f"{' '.join(argv[:6])} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+                f"\n{proc.stderr[-3000:]}"
+            )
+        return proc
+
+    def pdctl(self, *args: str, timeout: float = 1800) -> Any:
+        """`pdctl --json ARGS` as a user runs it; its JSON document."""
+        return json.loads(self.run(PDCTL, "--json", "-q", *args, timeout=timeout).stdout)
+
+    def up(self) -> None:
+        self.pdctl("lab", "up", "--hosts", str(self.hosts), "--cpu-hosts", str(self.cpu_hosts))
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.pdctl("lab", "status")
+        return doc
+
+    def fleet_add(self) -> None:
+        """Register every lab host as fleet `bench` (the command `lab status` suggests)."""
+        words = self.status()["fleet_add"].split()
+        # `pdctl fleet add lab --host ...`: the same, under the benchmark's fleet name.
+        self.pdctl(*words[1:3], FLEET, *words[4:])
+
+    def write_spec(self) -> Path:
+        path = self.home / "pd.yml"
+        path.write_text(yaml.safe_dump(spec_filling(self.hosts, self.cpu_hosts), sort_keys=False))
+        return path
+
+    def ssh_root(self, host: str, command: str) -> str:
+        return str(
+            self.run(PDCTL, "lab", "ssh", "--user", "root", host, "--", command, timeout=300).stdout
+        )
+
+    def forget_images(self) -> None:
+        """Remove the worker images from every host, so the next deploy loads them again."""
+        for host in self.status()["hosts"]:
+            if host["kind"] == "gpu":
+                self.ssh_root(
+                    host["name"],
+                    "podman images --format '{{.Repository}}:{{.Tag}}' | grep pdctl-lab "
+                    "| xargs -r podman rmi -f >/dev/null",
+                )
+
+    def down(self) -> None:
+        subprocess.run([PDCTL, "-q", "lab", "down"], env=self.env, capture_output=True, check=False)

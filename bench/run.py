@@ -1,0 +1,185 @@
+"""`make bench`: pdctl against baselines measured in the same run, on labs this run boots.
+
+    python bench/run.py [--hosts 16] [--small 4] [--actions 10] [--only NAME ...] [--dry-run]
+
+Each benchmark ends with one line `bench NAME: ratio R (pdctl A s, baseline B s, N hosts)`,
+R = B / A (higher is better):
+
+- deploy: first deploy of a service filling the lab (two `:4` slots per GPU host), pdctl as
+  shipped versus the same playbook under Ansible's defaults, at --small and at --hosts hosts.
+  Each deploy starts from hosts without the worker image.
+- redeploy: a no-op redeploy versus the first deploy (--hosts hosts).
+- check: `fleet check` versus the same checks host after host.
+- scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
+  scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
+- scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/).
+
+--dry-run builds every input (specs, baseline playbooks and config) and runs the simulation,
+without a lab: what CI's smoke test runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import actions, baseline, scaler_sim
+from bench.lablib import FLEET, OUT, SERVICE, BenchError, BenchLab, line, percentile, stopwatch
+from pdctl import spec
+
+NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action")
+STARTED = time.monotonic()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.monotonic() - STARTED:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+
+def result(text: str) -> None:
+    print(text, flush=True)
+
+
+def timed_deploy(lab: BenchLab, spec: Path) -> tuple[float, dict[str, object]]:
+    with stopwatch() as took:
+        doc = lab.pdctl("deploy", str(spec), "--fleet", FLEET, "-y")
+    return took[0], doc
+
+
+def reset(lab: BenchLab) -> None:
+    """Back to hosts that never saw the service: destroy it, forget the worker images."""
+    lab.pdctl("destroy", SERVICE, "-y")
+    lab.forget_images()
+
+
+def with_lab(hosts: int, body: Callable[[BenchLab], None]) -> None:
+    lab = BenchLab(OUT / f"ws-{hosts}", hosts)
+    shutil.rmtree(lab.home / "inventories", ignore_errors=True)
+    shutil.rmtree(lab.home / "services", ignore_errors=True)
+    progress(f"lab up: {hosts} hosts")
+    try:
+        lab.up()
+        progress("fleet add")
+        lab.fleet_add()
+        body(lab)
+    finally:
+        progress(f"lab down: {hosts} hosts")
+        lab.down()
+
+
+def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
+    def body(lab: BenchLab) -> None:
+        spec = lab.write_spec()
+        progress(f"deploy with pdctl on {hosts} hosts")
+        times["pdctl"], _ = timed_deploy(lab, spec)
+        reset(lab)
+        progress(f"deploy under Ansible's defaults on {hosts} hosts")
+        times["baseline"] = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
+        result(line("deploy", times["pdctl"], times["baseline"], hosts))
+
+    if "deploy" in wanted:
+        with_lab(hosts, body)
+
+
+def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, float]) -> None:
+    def body(lab: BenchLab) -> None:
+        if "check" in wanted:
+            progress(f"fleet check, {hosts} hosts at once")
+            with stopwatch() as took:
+                lab.pdctl("fleet", "check", FLEET)
+            progress(f"fleet check, {hosts} hosts one after the other")
+            result(line("check", took[0], baseline.check_host_after_host(lab), hosts))
+        if not {"deploy", "redeploy", "scale-action"} & wanted:
+            return
+        spec = lab.write_spec()
+        progress(f"deploy with pdctl on {hosts} hosts")
+        first, _ = timed_deploy(lab, spec)
+        if "redeploy" in wanted:
+            progress("no-op redeploy")
+            again, doc = timed_deploy(lab, spec)
+            if doc.get("changes") or doc.get("changed_hosts"):
+                raise BenchError(f"the no-op redeploy changed something: {doc}")
+            result(line("redeploy", again, first, hosts, "no changes reported"))
+        if "scale-action" in wanted:
+            progress(f"scale-out actions: {actions_count} pooled, {actions_count} playbook")
+            pooled, played = actions.measure(lab, actions_count, OUT / f"ws-{hosts}")
+            result(
+                line(
+                    "scale-action",
+                    percentile(pooled, 50),
+                    percentile(played, 50),
+                    hosts,
+                    f"p50; p95 pdctl {percentile(pooled, 95):.2f} s, "
+                    f"baseline {percentile(played, 95):.2f} s; {len(pooled)} actions each",
+                )
+            )
+        if "deploy" in wanted:
+            reset(lab)
+            progress(f"deploy under Ansible's defaults on {hosts} hosts")
+            slow = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
+            result(line("deploy", first, slow, hosts))
+            if small.get("pdctl"):
+                result(
+                    f"note: pdctl's deploy at {hosts} hosts took {first / small['pdctl']:.2f}x "
+                    f"its time at {small.get('hosts', 0):.0f} hosts"
+                )
+
+    with_lab(hosts, body)
+
+
+def dry_run(hosts: int, small: int) -> None:
+    """Every input the lab benchmarks use, built and checked, with no lab."""
+    out = OUT / "dry-run"
+    for count in (small, hosts):
+        lab = BenchLab(out, count)
+        spec_path = lab.write_spec()
+        spec.load(spec_path, lab.env)  # the spec pdctl would deploy is valid
+        progress(f"spec for {count} hosts: valid")
+    playbook = baseline.defaults_playbook("deploy.yml", out)
+    lab.run(
+        str(Path(sys.executable).with_name("ansible-playbook")),
+        "--syntax-check",
+        "-i",
+        "localhost,",
+        str(playbook),
+    )
+    baseline.defaults_config(out)
+    progress("baseline playbook (syntax checked) and config written")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--small", type=int, default=4)
+    parser.add_argument("--actions", type=int, default=10)
+    parser.add_argument("--only", action="append", choices=NAMES)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    wanted = set(args.only or NAMES)
+    OUT.mkdir(parents=True, exist_ok=True)
+    try:
+        if "scaler-sim" in wanted:
+            progress("scaler-sim")
+            scaler_sim.main(["--seconds", "600"] if args.dry_run else [])
+        if args.dry_run:
+            dry_run(args.hosts, args.small)
+            return 0
+        small: dict[str, float] = {"hosts": args.small}
+        small_deploy(wanted, args.small, small)
+        if wanted - {"scaler-sim"}:
+            big_lab(wanted, args.hosts, args.actions, small)
+    except BenchError as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 1
+    progress("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""`make bench` starts: its inputs build and check, the simulation runs, lines parse.
+
+The lab benchmarks themselves are not run in CI (minutes each, and ratios on a shared
+machine are noise); `python bench/run.py --dry-run` builds every input they use.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import baseline
+from bench.lablib import line, percentile, spec_filling
+from pdctl import spec
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(
+    r"^bench (?P<name>[\w-]+): ratio (?P<r>[\d.]+|inf) \(pdctl (?P<a>[\d.]+) s, "
+    r"baseline (?P<b>[\d.]+) s, (?P<n>\d+) hosts(, .*)?\)$"
+)
+
+
+def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
+    assert [m["name"] for m in lines] == ["scaler-sim"]
+    assert "baseline playbook (syntax checked)" in proc.stderr
+    for trace in ("diurnal", "spike", "sawtooth"):
+        assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
+
+
+def test_result_line_is_baseline_over_pdctl() -> None:
+    text = line("deploy", 20.0, 50.0, 16)
+    assert text == "bench deploy: ratio 2.50 (pdctl 20.00 s, baseline 50.00 s, 16 hosts)"
+    assert LINE.match(line("scale-action", 0.5, 9.0, 16, "p50; p95 pdctl 0.70 s"))
+
+
+def test_percentiles() -> None:
+    values = [float(v) for v in range(1, 11)]
+    assert percentile(values, 50) == pytest.approx(5.5)
+    assert percentile(values, 95) == pytest.approx(9.55)
+    assert percentile([3.0], 95) == 3.0
+
+
+@pytest.mark.parametrize("hosts", [4, 16])
+def test_benchmark_service_fills_the_lab(hosts: int, tmp_path: Path) -> None:
+    path = tmp_path / "pd.yml"
+    path.write_text(yaml.safe_dump(spec_filling(hosts)))
+    service, _ = spec.load(path, {"HF_TOKEN": "x"})
+    counts = [g.count for g in service.replicas if g.role != "router"]
+    # Two :4 slots per 8-GPU host: prefill takes one per GPU host, decode the other (one spare).
+    assert sorted(counts) == sorted([(hosts - 1, hosts - 1), (hosts - 2, hosts - 1)])
+
+
+def test_ansible_defaults_baseline(tmp_path: Path) -> None:
+    cfg = baseline.defaults_config(tmp_path).read_text()
+    assert "forks = 5" in cfg and "pipelining = False" in cfg and "ControlMaster=no" in cfg
+    plays = yaml.safe_load(baseline.defaults_playbook("deploy.yml", tmp_path).read_text())
+    assert plays and all(p["gather_facts"] is True for p in plays)
