@@ -36,9 +36,9 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 # Three workers: the lab tests mostly wait (health checks, scaler delays), so they overlap
-# well even on 2 cores; tests/conftest.py keeps each lab module on one worker.
+# well even on 2 cores. loadfile keeps a module (and the lab it boots) on one worker.
 test: install
-	$(BIN)/pytest -n 3 --dist loadgroup --durations=15
+	$(BIN)/pytest -n 3 --dist loadfile --durations=15
 
 lint: install
 	$(BIN)/ruff check pdctl tests bench scripts

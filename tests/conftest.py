@@ -22,19 +22,3 @@ def lab3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 def workspace(tmp_path: Path) -> Path:
     """An empty PDCTL_HOME."""
     return tmp_path
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for `pytest -n N --dist loadgroup` (make test): a lab module's tests share their
-    module's lab and deployment, so they stay on one worker; each molecule scenario boots its
-    own lab, so each is a group of its own. Unit tests spread freely."""
-    for item in items:
-        path = item.path
-        if path.parent.name != "integration":
-            continue
-        scenario = getattr(item, "callspec", None)
-        if path.stem == "test_molecule" and scenario is not None:
-            group = f"molecule-{scenario.params['scenario']}"
-        else:
-            group = path.stem
-        item.add_marker(pytest.mark.xdist_group(group))

@@ -25,7 +25,9 @@ def pdctl(
 ) -> subprocess.CompletedProcess[str]:
     """Run the real CLI (`python -m pdctl`) in a workspace."""
     inherited = {k: v for k, v in os.environ.items() if k != "PDCTL_JSON"}
-    full_env = {**inherited, "PDCTL_HOME": str(home), **(env or {})}
+    tmp = private_tmp(home)
+    tmp.mkdir(parents=True, exist_ok=True)
+    full_env = {**inherited, "PDCTL_HOME": str(home), "TMPDIR": str(tmp), **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "pdctl", *args],
         capture_output=True,
@@ -40,6 +42,11 @@ def pdctl(
             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         )
     return proc
+
+
+def private_tmp(home: Path) -> Path:
+    """The TMPDIR of pdctl runs in workspace `home` (tests run side by side: /tmp is shared)."""
+    return home.with_name(home.name + ".tmp")
 
 
 def pdctl_json(home: Path, *args: str, **kwargs: Any) -> Any:
