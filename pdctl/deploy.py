@@ -7,9 +7,11 @@ a spare slot, wait healthy, register, then deregister, drain and stop the old).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import os
-import shutil
+import tarfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -137,9 +139,11 @@ def _fields(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 
 def scaler_source() -> Path:
-    """A clean copy of the pdctl package for the router host's scaler (no caches).
+    """A clean copy of the pdctl package for the router host's scaler, as one .tar.gz.
 
-    Content-addressed, so an unchanged pdctl copies nothing on a redeploy.
+    One file, so the role copies it in one round trip (a directory copy costs a few per
+    file: 15 s for pdctl's). Content-addressed and byte-for-byte reproducible (sorted, no
+    owners, zero mtimes), so an unchanged pdctl copies nothing on a redeploy.
     """
     package = Path(__file__).resolve().parent
     files = sorted(
@@ -150,16 +154,22 @@ def scaler_source() -> Path:
     digest = hashlib.sha256()
     for file in files:
         digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
-    root = cache_dir() / "scaler-src" / digest.hexdigest()[:16]
-    if not (root / "pdctl").is_dir():
-        staging = root.with_name(root.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        for file in files:
-            target = staging / "pdctl" / file.relative_to(package)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(file, target)
-        staging.rename(root)
-    return root
+    archive = cache_dir() / "scaler-src" / f"pdctl-{digest.hexdigest()[:16]}.tar.gz"
+    if not archive.is_file():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        staging = archive.with_name(archive.name + ".tmp")
+        with (
+            staging.open("wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped,
+            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for file in files:
+                info = tarfile.TarInfo(f"pdctl/{file.relative_to(package)}")
+                data = file.read_bytes()
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+        staging.rename(archive)
+    return archive
 
 
 def playbook_vars(plan: Plan) -> dict[str, Any]:
