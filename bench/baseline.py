@@ -71,12 +71,8 @@ def deploy_with_ansible_defaults(lab: BenchLab, spec: Path, out: Path) -> float:
         "-e",
         f"@{extravars}",
     ]
-    saved, lab.env = lab.env, env
-    try:
-        with stopwatch() as took:
-            lab.run(*argv)
-    finally:
-        lab.env = saved
+    with stopwatch() as took:
+        lab.run(*argv, env=env)
     return took[0]
 
 

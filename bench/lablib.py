@@ -66,19 +66,21 @@ def spec_filling(hosts: int, cpu_hosts: int = 1) -> dict[str, Any]:
     """The lab example, sized to fill every GPU host: two `:4` slots per 8-GPU host.
 
     Prefill takes one slot per GPU host and runs them all; decode the other, all running but
-    one spare (the slot the scale-action benchmark starts and stops). The rps target is out of
-    reach, so the scaler holds the groups where the deploy put them.
+    two spares (the slots the scale-action benchmark starts and stops, taking turns). The rps
+    target is out of reach, so the scaler holds the groups where the deploy put them.
     """
-    example = yaml.safe_load((REPO / "examples" / "lab" / "pd.yml").read_text())
+    example: dict[str, Any] = yaml.safe_load((REPO / "examples" / "lab" / "pd.yml").read_text())
     gpu_hosts = hosts - cpu_hosts
-    if gpu_hosts < 2:
-        raise BenchError("a benchmark fleet needs at least two GPU hosts")
+    if gpu_hosts < 3:
+        raise BenchError(
+            "a benchmark fleet needs at least three GPU hosts (two spare decode slots)"
+        )
     example["name"] = SERVICE
     router, prefill, decode = example["replicas"]
     for group in (prefill, decode):
         group["scaling"]["target"] = 1000
     prefill["count"] = f"{gpu_hosts}..{gpu_hosts}"
-    decode["count"] = f"{gpu_hosts - 1}..{gpu_hosts}"
+    decode["count"] = f"{gpu_hosts - 2}..{gpu_hosts}"
     example["replicas"] = [router, prefill, decode]
     # Each measured first deploy loads the image from the archive every lab host holds, as on
     # an air-gapped cluster (forget_images removes what the lab or an earlier deploy loaded).
@@ -104,10 +106,12 @@ class BenchLab:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
 
-    def run(self, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *argv: str, timeout: float = 1800, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             list(argv),
-            env=self.env,
+            env=env or self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
