@@ -1,12 +1,12 @@
 """Scale-out actions: the scaler's pooled-SSH path versus `playbooks/scale.yml`.
 
 One action = start a planned spare slot, wait until its probe answers, register it with SMG.
-Both paths act on the same two spare decode slots of a deployed service, taking turns: while
-one action is timed, the slot of the previous action is taken back out (deregister, drain,
-stop: untimed, and slow in the lab, where podman takes ~10 s to reap a container) in the
-background. The first action of each path warms caches and connections and is not counted.
-The lab worker's own warm-up (`worker_warmup_secs` in the lab state) is subtracted: what
-remains is pdctl's overhead plus the container start.
+Both paths act on the same two spare slots of a deployed service, the prefill spare and the
+decode spare, taking turns: while one action is timed, the slot of the previous action is
+taken back out (deregister, drain, stop: untimed, and slow in the lab, where podman takes
+~10 s to reap a container) in the background. The first action of each path warms caches
+and connections and is not counted. The lab worker's own warm-up (`worker_warmup_secs` in
+the lab state) is subtracted: what remains is pdctl's overhead plus the container start.
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ WORKER_WARMUP = FakeHardware(host_index=0).worker_warmup_secs
 
 
 def _spares(plan: Plan) -> list[Slot]:
-    spares = sorted(
-        (s for s in plan.slots() if s.group == "decode" and not s.start), key=lambda s: s.index
-    )
-    if len(spares) < 2:
-        raise BenchError("the benchmark service needs two spare decode slots to scale out")
-    return spares[-2:]
+    """The spare of each group; its index is the group's highest (scale.yml runs 1..N)."""
+    spares = [s for s in plan.slots() if not s.start]
+    by_group = {s.group: s for s in sorted(spares, key=lambda s: s.index)}
+    if sorted(by_group) != ["decode", "prefill"]:
+        raise BenchError("the benchmark service needs a spare prefill and a spare decode slot")
+    for slot in by_group.values():
+        if slot.index != max(s.index for s in plan.slots() if s.group == slot.group):
+            raise BenchError(f"{slot.name} is a spare but not its group's last slot")
+    return [by_group["prefill"], by_group["decode"]]
 
 
 def measure(lab: BenchLab, actions: int, out: Path) -> tuple[list[float], list[float]]:
@@ -49,8 +52,6 @@ def measure(lab: BenchLab, actions: int, out: Path) -> tuple[list[float], list[f
         str(content.playbook("scale.yml")),
         "-e",
         f"@{plan_vars}",
-        "-e",
-        "pd_scale_group=decode",
     ]
     env = {**lab.env, "ANSIBLE_CONFIG": str(content.content_root() / "ansible.cfg")}
     timings: dict[str, list[float]] = {"pooled": [], "playbook": []}
@@ -61,30 +62,26 @@ def measure(lab: BenchLab, actions: int, out: Path) -> tuple[list[float], list[f
         actuator = handle.actuator
         leaving: Future[None] | None = None
 
+        def playbook_out(slot: Slot) -> None:
+            argv = [*playbook, "-e", f"pd_scale_group={slot.group}"]
+            lab.run(*argv, "-e", f"pd_scale_replicas={slot.index}", env=env)
+            if not actuator.healthy(slot) or actuator.router.find(slot.url) is None:
+                raise BenchError(f"scale.yml did not leave {slot.name} serving")
+
         try:
-            # Pooled: the two spares take turns, the previous one leaving in the background.
-            for i in range(actions + 1):
-                slot = spares[i % 2]
-                with stopwatch() as took:
-                    actuator.scale_out(slot)
-                if i:
-                    timings["pooled"].append(took[0] - WORKER_WARMUP)
+            for path, scale_out in (("pooled", actuator.scale_out), ("playbook", playbook_out)):
+                for i in range(actions + 1):
+                    slot = spares[i % 2]
+                    with stopwatch() as took:
+                        scale_out(slot)
+                    if i:
+                        timings[path].append(took[0] - WORKER_WARMUP)
+                    if leaving is not None:
+                        leaving.result()
+                    leaving = background.submit(actuator.scale_in, slot)
                 if leaving is not None:
                     leaving.result()
-                leaving = background.submit(actuator.scale_in, slot)
-            if leaving is not None:
-                leaving.result()
-            # scale.yml runs slots 1..N and stops the others: N = the lower spare starts just
-            # that one, so this path reuses one slot and waits for it to leave each time.
-            slot = spares[0]
-            for i in range(actions + 1):
-                with stopwatch() as took:
-                    lab.run(*playbook, "-e", f"pd_scale_replicas={slot.index}", env=env)
-                if not actuator.healthy(slot) or actuator.router.find(slot.url) is None:
-                    raise BenchError(f"scale.yml did not leave {slot.name} serving")
-                if i:
-                    timings["playbook"].append(took[0] - WORKER_WARMUP)
-                actuator.scale_in(slot)
+                    leaving = None
         finally:
             handle.pool.run(router_host, f"sudo -n systemctl start pd-{SERVICE}-scaler.service")
     return timings["pooled"], timings["playbook"]

@@ -65,8 +65,8 @@ def stopwatch() -> Iterator[list[float]]:
 def spec_filling(hosts: int, cpu_hosts: int = 1) -> dict[str, Any]:
     """The lab example, sized to fill every GPU host: two `:4` slots per 8-GPU host.
 
-    Prefill takes one slot per GPU host and runs them all; decode the other, all running but
-    two spares (the slots the scale-action benchmark starts and stops, taking turns). The rps
+    Prefill takes one slot per GPU host, decode the other; each group runs all its slots but
+    one spare (the slots the scale-action benchmark starts and stops, taking turns). The rps
     target is out of reach, so the scaler holds the groups where the deploy put them.
     """
     example: dict[str, Any] = yaml.safe_load((REPO / "examples" / "lab" / "pd.yml").read_text())
@@ -79,8 +79,8 @@ def spec_filling(hosts: int, cpu_hosts: int = 1) -> dict[str, Any]:
     router, prefill, decode = example["replicas"]
     for group in (prefill, decode):
         group["scaling"]["target"] = 1000
-    prefill["count"] = f"{gpu_hosts}..{gpu_hosts}"
-    decode["count"] = f"{gpu_hosts - 2}..{gpu_hosts}"
+    prefill["count"] = f"{gpu_hosts - 1}..{gpu_hosts}"
+    decode["count"] = f"{gpu_hosts - 1}..{gpu_hosts}"
     example["replicas"] = [router, prefill, decode]
     # Each measured first deploy loads the image from the archive every lab host holds, as on
     # an air-gapped cluster (forget_images removes what the lab or an earlier deploy loaded).

@@ -238,24 +238,32 @@ class Pool:
         self._locks: dict[Target, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    @contextmanager
-    def session(self, target: Target) -> Iterator[paramiko.SSHClient]:
+    def _client(self, target: Target) -> paramiko.SSHClient:
         with self._guard:
             lock = self._locks.setdefault(target, threading.Lock())
-        with lock:
+        with lock:  # one connection per host, made once even when threads race for it
             client = self._clients.get(target)
             transport = client.get_transport() if client else None
             if client is None or transport is None or not transport.is_active():
                 client = connect(target, self.known, pin_new=False, fleet=self.fleet)
                 self._clients[target] = client
-            try:
-                yield client
-            except paramiko.ChannelException:
-                raise  # one channel refused; the connection itself is fine
-            except (paramiko.SSHException, OSError):
-                client.close()
-                self._clients.pop(target, None)
-                raise
+            return client
+
+    @contextmanager
+    def session(self, target: Target) -> Iterator[paramiko.SSHClient]:
+        """The host's pooled connection. Not held exclusively: commands on one host run side
+        by side, each on its own channel (a slow `stop` does not hold up a health check)."""
+        client = self._client(target)
+        try:
+            yield client
+        except paramiko.ChannelException:
+            raise  # one channel refused; the connection itself is fine
+        except (paramiko.SSHException, OSError):
+            client.close()
+            with self._guard:
+                if self._clients.get(target) is client:
+                    self._clients.pop(target, None)
+            raise
 
     def run(self, target: Target, command: str, *, timeout: float = 60.0) -> Result:
         with self.session(target) as client:
