@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pdctl import ssh
@@ -67,8 +68,12 @@ class Actuator:
         by_host: dict[str, list[Slot]] = {}
         for slot in self.plan.slots():
             by_host.setdefault(slot.host, []).append(slot)
+        # One command per host, all hosts at once (the pool runs them on their own channels).
+        with ThreadPoolExecutor(max_workers=min(16, len(by_host) or 1)) as workers:
+            read = workers.map(lambda h: self._unitctl(h, "states").stdout, by_host)
+            outputs = dict(zip(by_host, read, strict=True))
         for host, slots in by_host.items():
-            lines = self._unitctl(host, "states").stdout.splitlines()
+            lines = outputs[host].splitlines()
             seen = {}
             for line in lines:
                 parts = line.split()
