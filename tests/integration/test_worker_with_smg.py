@@ -309,8 +309,13 @@ def test_chat_completion_through_smg_is_the_decodes_answer(
     assert completion["usage"]["completion_tokens"] == len(content.split())
     # SMG sent the same request to both, with the prefill's bootstrap address added.
     tag = f"bootstrap=127.0.0.1:{prefill.bootstrap_port} room="
-    decode_lines = [ln for ln in decode.log().splitlines() if "/v1/chat/completions" in ln]
-    prefill_lines = [ln for ln in prefill.log().splitlines() if "/v1/chat/completions" in ln]
+
+    def chat_lines(worker: Worker) -> list[str]:
+        return [ln for ln in worker.log().splitlines() if "/v1/chat/completions" in ln]
+
+    # The access log line may land just after the reply (a loaded machine): wait for it.
+    wait_for(lambda: bool(chat_lines(decode)) and bool(chat_lines(prefill)), timeout=10)
+    decode_lines, prefill_lines = chat_lines(decode), chat_lines(prefill)
     assert tag in decode_lines[-1]
     room = decode_lines[-1].split("room=")[1].split()[0]
     assert any(f"room={room} " in ln and " prefill " in ln for ln in prefill_lines)
