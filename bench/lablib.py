@@ -51,6 +51,26 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@contextmanager
+def cpu_busy() -> Iterator[list[float]]:
+    """`with cpu_busy() as b: ...` then b[0] is the share of all cores kept busy meanwhile:
+    the lab's hosts run on this machine's cores, so near 1.0 means the run was CPU-bound."""
+    box: list[float] = []
+    busy, total = cpu_ticks()
+    try:
+        yield box
+    finally:
+        busy2, total2 = cpu_ticks()
+        box.append((busy2 - busy) / max(1, total2 - total))
+
+
 @contextmanager
 def stopwatch() -> Iterator[list[float]]:
     """`with stopwatch() as t: ...` then t[0] holds the seconds the block took."""

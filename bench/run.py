@@ -31,7 +31,7 @@ if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import actions, baseline, scaler_sim
-from bench.lablib import FLEET, OUT, BenchError, BenchLab, line, percentile, stopwatch
+from bench.lablib import FLEET, OUT, BenchError, BenchLab, cpu_busy, line, percentile, stopwatch
 from pdctl import spec
 
 NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action")
@@ -49,8 +49,9 @@ def result(text: str) -> None:
 def timed_deploy(lab: BenchLab, spec: Path, first: bool = True) -> tuple[float, dict[str, object]]:
     if first:
         lab.forget_images()  # the lab loaded them at boot: a first deploy starts without
-    with stopwatch() as took:
+    with cpu_busy() as busy, stopwatch() as took:
         doc = lab.pdctl("deploy", str(spec), "--fleet", FLEET, "-y")
+    progress(f"deploy took {took[0]:.1f} s with the CPU {busy[0]:.0%} busy (all cores)")
     return took[0], doc
 
 
