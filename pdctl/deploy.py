@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pdctl import inventory, runner
 from pdctl import service as services
 from pdctl.errors import HostError, InputError, PdctlError
@@ -28,6 +26,7 @@ from pdctl.scaler.setup import handle_store
 from pdctl.spec import Env, Spec, load
 from pdctl.versions import scaler_requirements
 from pdctl.workspace import Workspace, cache_dir
+from pdctl.yamlsrc import dump_text
 
 Progress = Callable[[str], None]
 
@@ -63,7 +62,7 @@ def write_plan_file(plan: Plan, path: Path) -> None:
         "# pdctl plan: the extra-vars of playbooks/deploy.yml. Secrets are not in here: export\n"
         f"# {', '.join(plan.secret_names) or '(none)'} before running ansible-playbook.\n"
     )
-    path.write_text("---\n" + header + yaml.safe_dump(plan.extravars(), sort_keys=False, width=120))
+    path.write_text("---\n" + header + dump_text(plan.extravars()))
 
 
 def plan_table(plan: Plan) -> list[tuple[str, ...]]:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from pdctl.errors import InputError, NotFound
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace
+from pdctl.yamlsrc import dump_text
 
 HostKind = Literal["gpu", "cpu", "new"]
 GROUPS: dict[HostKind, str] = {"gpu": "pd_gpu_hosts", "cpu": "pd_cpu_hosts", "new": "pd_new_hosts"}
@@ -168,9 +169,7 @@ def _sort_key(name: str) -> tuple[Any, ...]:
 
 
 def _dump(path: Path, doc: dict[str, Any], header: str) -> None:
-    text = f"---\n# {header}\n" + yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=False, width=120
-    )
+    text = f"---\n# {header}\n" + dump_text(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(".tmp")

@@ -2,6 +2,9 @@
 
 Errors about a user's file must name the file and line; PyYAML's plain loader
 forgets both, and silently keeps the last of two duplicate keys.
+
+Also the one writer of the YAML pdctl generates (inventories, plan files), so
+what it writes passes the same yamllint rules as the hand-written content.
 """
 
 from __future__ import annotations
@@ -77,3 +80,17 @@ def load_text(text: str) -> Located:
 
 def load_file(path: Path) -> Located:
     return load_text(path.read_text())
+
+
+class _IndentedDumper(yaml.SafeDumper):
+    """Indents a sequence under its key, as yamllint's default ``indentation`` rule wants."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def dump_text(doc: Any) -> str:
+    """``doc`` as block-style YAML, keys in their given order."""
+    return yaml.dump(
+        doc, Dumper=_IndentedDumper, sort_keys=False, default_flow_style=False, width=120
+    )

@@ -228,7 +228,9 @@ def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Pa
     finally:
         client.done.set()
         client.join(30)
-    assert sorted(doc["rolled"]) == ["decode/1", "prefill/1"]
+    # Every slot running at the time rolls: the planned ones, and any spare the scaler started
+    # for the client's ~4 rps (its stale check below covers them too).
+    assert {"decode/1", "prefill/1"} <= set(doc["rolled"])
     assert client.failed == [] and client.ok > 20
     status = svc.status()
     for role in ("prefill", "decode"):
