@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.runner import STRATEGY_VARIABLE, run_playbook
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
 
 FAULTS = {
@@ -131,7 +132,9 @@ def test_inventory_is_plain_ansible(lab5: Lab) -> None:
     assert ping.stdout.count("SUCCESS") == 5
 
 
-def test_changed_host_key_is_refused_until_repinned(lab5: Lab) -> None:
+def test_changed_host_key_is_refused_until_repinned(
+    lab5: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pdctl(lab5.home, *_add_line(lab5), check=False)
     address = lab5.host("node3")["address"]
     lab5.ssh(
@@ -144,6 +147,15 @@ def test_changed_host_key_is_refused_until_repinned(lab5: Lab) -> None:
     ssh_check = json.loads(proc.stdout)["hosts"][0]["checks"][0]
     assert ssh_check["name"] == "ssh" and not ssh_check["ok"]
     assert "host key changed" in ssh_check["message"] and "--repin" in ssh_check["message"]
+    # Ansible, under both strategies pdctl can run it with, refuses the host as well.
+    inventory_dir = lab5.home / "inventories" / "lab"
+    for strategy in ("mitogen", "linear"):
+        monkeypatch.setenv(STRATEGY_VARIABLE, strategy)
+        summary = run_playbook("preflight.yml", inventory_dir, limit=address)
+        assert summary.rc != 0 and address in summary.unreachable(), (strategy, summary)
+        # Only the role's argument check (on the controller) ran: nothing reached the host.
+        reached = {r.action for r in summary.results if r.host == address and r.status == "ok"}
+        assert reached <= {"ansible.builtin.validate_argument_spec"}, (strategy, reached)
     repin = pdctl(
         lab5.home, "--json", "fleet", "add", "lab", "--host", f"pdops@{address}", "--repin"
     )
