@@ -133,7 +133,7 @@ def test_inventory_is_plain_ansible(lab5: Lab) -> None:
 
 
 def test_changed_host_key_is_refused_until_repinned(
-    lab5: Lab, monkeypatch: pytest.MonkeyPatch
+    lab5: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     pdctl(lab5.home, *_add_line(lab5), check=False)
     address = lab5.host("node3")["address"]
@@ -149,6 +149,9 @@ def test_changed_host_key_is_refused_until_repinned(
     assert "host key changed" in ssh_check["message"] and "--repin" in ssh_check["message"]
     # Ansible, under both strategies pdctl can run it with, refuses the host as well.
     inventory_dir = lab5.home / "inventories" / "lab"
+    # A ControlPersist master opened before the key changed (earlier tests) is still the same
+    # authenticated session and would be reused: new connections are what must be refused.
+    monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(tmp_path / "cp"))
     for strategy in ("mitogen", "linear"):
         monkeypatch.setenv(STRATEGY_VARIABLE, strategy)
         summary = run_playbook("preflight.yml", inventory_dir, limit=address)
