@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 import shlex
 import threading
@@ -21,6 +22,20 @@ from pathlib import Path
 import paramiko
 
 from pdctl.errors import HostError, InputError
+
+
+class _RefusedChannelFilter(logging.Filter):
+    """Drops paramiko's ERROR line for each refused direct-tcpip channel.
+
+    pdctl turns a refused channel into ConnectionRefusedError and handles it: polling the
+    health of a worker whose port is not listening yet is routine, not an error to print.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_RefusedChannelFilter())
 
 CONNECT_TIMEOUT = 8.0
 Log = Callable[[str], None]
