@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pdctl import inventory, runner
+from pdctl import drift, inventory, runner
 from pdctl import service as services
 from pdctl.errors import HostError, InputError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot, build
@@ -187,13 +187,41 @@ def apply(
     progress: Progress,
     *,
     dry_run: bool = False,
+    converge: bool = False,
     verbosity: int = 0,
 ) -> dict[str, Any]:
+    """Converge the hosts to the plan, unless the quick check finds them as the last deploy
+    left them (pdctl/drift.py); ``converge`` runs the playbooks regardless."""
     old = services.stored_plan(workspace, plan.service)
+    extravars = playbook_vars(plan)
+    fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
+    key = drift.key(workspace, plan.service)
+    inputs = drift.inputs_digest(key, extravars, fleet_dir, drift.secret_values(plan))
+    doc: dict[str, Any] = {
+        "service": plan.service,
+        "fleet": plan.fleet,
+        "dry_run": dry_run,
+        "changes": diff(old, plan),
+        "changed_hosts": [],
+        "rolled": [],
+        "converged": False,
+        "drift": [],
+        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
+        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=plan.service)}",
+    }
+    if not converge:
+        doc["drift"] = _quick_check(workspace, plan, key, inputs, progress)
+        if not doc["drift"]:
+            progress("every host matches the last deploy: nothing to do")
+            return doc
+        for reason in doc["drift"][:10]:
+            progress(f"converging: {reason}")
+    if not dry_run:
+        drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
     summary = runner.run_playbook(
         "deploy.yml",
-        inventory.fleet_dir(workspace, plan.fleet),
-        extravars=playbook_vars(plan),
+        fleet_dir,
+        extravars=extravars,
         forks=min(100, max(5, len(plan.hosts()))),
         check=dry_run,
         diff=dry_run,
@@ -209,55 +237,65 @@ def apply(
             "deploy failed: " + ("; ".join(details) or f"ansible-playbook exited {summary.rc}"),
             hint="fix the cause and re-run; hosts that failed validation were not changed",
         )
-    changed = summary.changed_hosts()
-    rolled: list[str] = []
+    doc["converged"] = True
+    doc["changed_hosts"] = summary.changed_hosts()
     if not dry_run:
-        rolled = _roll(workspace, plan, progress)
-        services.save_plan(workspace, plan)
-    return {
-        "service": plan.service,
-        "fleet": plan.fleet,
-        "dry_run": dry_run,
-        "changes": diff(old, plan),
-        "changed_hosts": changed,
-        "rolled": rolled,
-        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
-        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=plan.service)}",
-    }
+        with services.open_handle(workspace, plan, log=progress) as handle:
+            doc["rolled"] = _roll(handle, progress)
+            services.save_plan(workspace, plan)
+            drift.save_record(workspace, plan.service, inputs, drift.observe(handle, key))
+    return doc
 
 
-def _roll(workspace: Workspace, plan: Plan, progress: Progress) -> list[str]:
+def _quick_check(
+    workspace: Workspace, plan: Plan, key: bytes, inputs: str, progress: Progress
+) -> list[str]:
+    """Why the hosts need a converge ([] when they hold what the last deploy left)."""
+    record = drift.load_record(workspace, plan.service)
+    if record is None or record.get("inputs") != inputs:
+        return drift.compare(plan, record, inputs, {}, None)  # no need to ask the hosts
+    progress(f"checking {len(plan.hosts())} host(s) against the last deploy")
+    try:
+        with services.open_handle(workspace, plan) as handle:
+            observed = drift.observe(handle, key)
+            registered = drift.registered_urls(handle)
+    except PdctlError as exc:
+        return [f"cannot check the hosts ({exc.message})"]
+    return drift.compare(plan, record, inputs, observed, registered)
+
+
+def _roll(handle: services.Handle, progress: Progress) -> list[str]:
     """Replace running replicas whose config is stale, one at a time, without downtime."""
+    plan = handle.plan
     rolled: list[str] = []
     paused = False
-    with services.open_handle(workspace, plan, log=progress) as handle:
-        actuator = handle.actuator
-        states = actuator.states()
-        for role in WORKER_ROLES:
-            config = plan.groups[role].config
-            stale = [
-                s
-                for s in states.values()
-                if s.slot.group == role and s.running and s.config not in {None, config}
-            ]
-            if stale and not rolled:
-                # The scaler would see the surge replica as one too many: pause it meanwhile.
-                paused = _scaler_unit(handle, "stop")
-            for old in stale:
-                spare = _spare(states, role, exclude=old.slot)
-                if spare is not None:
-                    progress(f"rolling {old.slot.name}: new replica on {spare.name}")
-                    actuator.scale_out(spare)
-                    actuator.scale_in(old.slot)
-                    states[spare.name] = SlotState(spare, "active", config)
-                    states[old.slot.name] = SlotState(old.slot, "inactive", None)
-                else:
-                    progress(f"rolling {old.slot.name} in place (no spare slot)")
-                    _restart_in_place(actuator, old.slot)
-                    states[old.slot.name] = SlotState(old.slot, "active", config)
-                rolled.append(old.slot.name)
-        if rolled and paused:
-            _scaler_unit(handle, "start")
+    actuator = handle.actuator
+    states = actuator.states()
+    for role in WORKER_ROLES:
+        config = plan.groups[role].config
+        stale = [
+            s
+            for s in states.values()
+            if s.slot.group == role and s.running and s.config not in {None, config}
+        ]
+        if stale and not rolled:
+            # The scaler would see the surge replica as one too many: pause it meanwhile.
+            paused = _scaler_unit(handle, "stop")
+        for old in stale:
+            spare = _spare(states, role, exclude=old.slot)
+            if spare is not None:
+                progress(f"rolling {old.slot.name}: new replica on {spare.name}")
+                actuator.scale_out(spare)
+                actuator.scale_in(old.slot)
+                states[spare.name] = SlotState(spare, "active", config)
+                states[old.slot.name] = SlotState(old.slot, "inactive", None)
+            else:
+                progress(f"rolling {old.slot.name} in place (no spare slot)")
+                _restart_in_place(actuator, old.slot)
+                states[old.slot.name] = SlotState(old.slot, "active", config)
+            rolled.append(old.slot.name)
+    if rolled and paused:
+        _scaler_unit(handle, "start")
     return rolled
 
 

@@ -72,10 +72,22 @@ def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: P
     is_flag=True,
     help="Plan, then run the playbook in check+diff mode; change nothing.",
 )
+@click.option(
+    "--converge",
+    is_flag=True,
+    help="Run the playbooks even when every host matches the last deploy "
+    "(by default a quick check over SSH skips them then).",
+)
 @click.option("-y", "--yes", is_flag=True, help="Apply without asking.")
 @pass_app
 def deploy(
-    app: App, spec: Path, fleet: str | None, allow_partial: bool, dry_run: bool, yes: bool
+    app: App,
+    spec: Path,
+    fleet: str | None,
+    allow_partial: bool,
+    dry_run: bool,
+    converge: bool,
+    yes: bool,
 ) -> None:
     """Deploy (or update) the service in SPEC: plan, diff, confirm, apply."""
     _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
@@ -92,11 +104,25 @@ def deploy(
         f"deploy {planned.service}" + (" (dry run)" if dry_run else "")
     ) as progress:
         doc = deploys.apply(
-            app.workspace, planned, progress, dry_run=dry_run, verbosity=app.out.verbosity
+            app.workspace,
+            planned,
+            progress,
+            dry_run=dry_run,
+            converge=converge,
+            verbosity=app.out.verbosity,
         )
 
     def render() -> None:
         hosts = doc["changed_hosts"]
+        if not doc["converged"]:
+            app.out.line(
+                "no changes: every host holds what the last deploy applied "
+                "(checked over SSH; --converge runs the playbooks anyway)"
+            )
+            app.out.line(f"endpoint: {doc['endpoint']}  (API key in {doc['api_key_file']})")
+            return
+        for reason in doc["drift"]:
+            app.out.line(f"converged because {reason}")
         if dry_run:
             app.out.line(
                 f"dry run: would change {len(hosts)} host(s): {', '.join(hosts) or 'none'}"

@@ -33,6 +33,20 @@ class SlotState:
         return self.active in {"active", "activating", "reloading"}
 
 
+def parse_states(output: str, slots: list[Slot]) -> dict[str, SlotState]:
+    """`pdctl-unitctl SERVICE states` output of one host -> the state of each of its slots."""
+    seen: dict[str, tuple[str, str | None]] = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            seen[f"{parts[0]}/{parts[1]}"] = (parts[2], None if parts[3] == "-" else parts[3])
+    found: dict[str, SlotState] = {}
+    for slot in slots:
+        active, config = seen.get(slot.name, ("inactive", None))
+        found[slot.name] = SlotState(slot=slot, active=active, config=config)
+    return found
+
+
 class Actuator:
     def __init__(
         self,
@@ -73,18 +87,7 @@ class Actuator:
             read = workers.map(lambda h: self._unitctl(h, "states").stdout, by_host)
             outputs = dict(zip(by_host, read, strict=True))
         for host, slots in by_host.items():
-            lines = outputs[host].splitlines()
-            seen = {}
-            for line in lines:
-                parts = line.split()
-                if len(parts) == 4:
-                    seen[f"{parts[0]}/{parts[1]}"] = (
-                        parts[2],
-                        None if parts[3] == "-" else parts[3],
-                    )
-            for slot in slots:
-                active, config = seen.get(slot.name, ("inactive", None))
-                found[slot.name] = SlotState(slot=slot, active=active, config=config)
+            found.update(parse_states(outputs[host], slots))
         return found
 
     def start(self, slot: Slot) -> None:

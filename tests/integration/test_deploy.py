@@ -126,8 +126,61 @@ def test_redeploy_is_a_no_op(svc: Service) -> None:
     started = time.monotonic()
     doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
     assert doc["changes"] == [] and doc["changed_hosts"] == [] and doc["rolled"] == []
+    assert doc["converged"] is False and doc["drift"] == []  # the quick check decided
     assert "no changes" in svc.pdctl("deploy", str(SPEC), "--fleet", "lab", "-y").stdout
     assert time.monotonic() - started < 300
+    forced = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y", "--converge")
+    assert forced["converged"] is True and forced["changed_hosts"] == []
+
+
+def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
+    env = f"/etc/pdctl/{SERVICE}/service.env"
+    unit = f"pd-{SERVICE}-decode@1.service"
+    decode_host = next(r for r in svc.status()["groups"]["decode"]["replicas"] if r["slot"] == 1)
+    node = next(h["name"] for h in svc.lab.status()["hosts"] if h["address"] == decode_host["host"])
+    svc.lab.ssh(node, f"echo EDITED=by-hand >> {env}; systemctl disable {unit}", user="root")
+    dry = svc.json("deploy", str(SPEC), "--fleet", "lab", "--dry-run")
+    assert dry["converged"] is True and dry["dry_run"] is True
+    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    assert doc["converged"] is True
+    assert f"{decode_host['host']}: {env} changed since the last deploy" in doc["drift"]
+    assert f"{decode_host['host']}: {unit} is disabled, not enabled" in doc["drift"]
+    assert decode_host["host"] in doc["changed_hosts"]
+    repaired = svc.lab.ssh(
+        node, f"grep -c EDITED {env}; systemctl is-enabled {unit}", user="root", check=False
+    ).stdout.split()
+    assert repaired == ["0", "enabled"]
+    again = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    assert again["converged"] is False
+
+
+def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
+    rotated = f"hf_{uuid.uuid4().hex}"
+    secrets = f"/etc/pdctl/{SERVICE}/secrets.env"
+
+    def on_host(token: str) -> str:  # the token goes on stdin: never into a process's argv
+        found = svc.lab.ssh(
+            "node2", f"grep -c -F -f - {secrets}", user="root", check=False, stdin=token + "\n"
+        )
+        return found.stdout.strip()
+
+    try:
+        proc = pdctl(
+            svc.lab.home,
+            "--json",
+            "deploy",
+            str(SPEC),
+            "--fleet",
+            "lab",
+            "-y",
+            env={"HF_TOKEN": rotated},
+        )
+        doc = json.loads(proc.stdout)
+        assert doc["converged"] is True and rotated not in proc.stdout + proc.stderr
+        assert on_host(rotated) == "1"
+    finally:
+        back = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    assert back["converged"] is True and on_host(svc.token) == "1"
 
 
 def test_provider_library_is_mounted_into_the_workers(svc: Service) -> None:
