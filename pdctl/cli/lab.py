@@ -65,7 +65,7 @@ def fault(app: App, host: str, kind: str, arg: str | None) -> None:
 
     \b
     KIND: nic-missing DEV | port-down DEV | provider-lib-missing | no-runtime |
-          sshd-down | gpu-missing N | worker-unhealthy | clear
+          sshd-down | sudo-password | gpu-missing N | worker-unhealthy | clear
     """
     doc = manager.fault(app.workspace, host, kind, arg)
     app.out.result(

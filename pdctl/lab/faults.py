@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pdctl.errors import InputError
 from pdctl.lab import host as lab_host
 from pdctl.lab.host import PROVIDER_LIB, HostPaths
+from pdctl.lab.rootfs import SUDO_USER
 from pdctl.lab.state import FakeHardware, Fault, LabHost, write_hardware
 
 # kind -> what its argument is (None: takes no argument)
@@ -22,6 +23,7 @@ KINDS: dict[str, str | None] = {
     "provider-lib-missing": None,
     "no-runtime": None,
     "sshd-down": None,
+    "sudo-password": None,
     "gpu-missing": "N",
     "worker-unhealthy": None,
     "clear": None,
@@ -29,6 +31,8 @@ KINDS: dict[str, str | None] = {
 GPU_ONLY = {"nic-missing", "port-down", "provider-lib-missing", "gpu-missing"}
 PODMAN = "/usr/bin/podman"
 PODMAN_HIDDEN = "/usr/lib/pdctl-lab-podman.hidden"
+SUDOERS = f"/etc/sudoers.d/{SUDO_USER}"
+SUDOERS_HIDDEN = "/etc/pdctl-lab-sudoers.hidden"
 
 
 def validate(host: LabHost, kind: str, arg: str | None) -> Fault:
@@ -67,6 +71,7 @@ def apply(host: LabHost, paths: HostPaths, fault: Fault) -> None:
         "provider-lib-missing": lambda: (paths.libibverbs / PROVIDER_LIB).unlink(missing_ok=True),
         "no-runtime": lambda: _hide_podman(host),
         "sshd-down": lambda: _stop_sshd(host),
+        "sudo-password": lambda: _move(host, SUDOERS, SUDOERS_HIDDEN),
     }
     edit[fault.kind]()
     write_hardware(paths.hardware, hardware)
@@ -84,8 +89,12 @@ def _gpu_missing(paths: HostPaths, hardware: FakeHardware, gpu: int) -> None:
     (paths.dev / "dri" / f"card{gpu}").unlink(missing_ok=True)
 
 
+def _move(host: LabHost, path: str, to: str) -> None:
+    lab_host.exec_in(host, ["sh", "-c", f"[ ! -e {path} ] || mv {path} {to}"])
+
+
 def _hide_podman(host: LabHost) -> None:
-    lab_host.exec_in(host, ["sh", "-c", f"[ ! -e {PODMAN} ] || mv {PODMAN} {PODMAN_HIDDEN}"])
+    _move(host, PODMAN, PODMAN_HIDDEN)
 
 
 def _stop_sshd(host: LabHost) -> None:
@@ -102,5 +111,6 @@ def _clear(host: LabHost, paths: HostPaths, hardware: FakeHardware) -> None:
     write_hardware(paths.hardware, fresh)
     if host.kind == "gpu":
         lab_host.prepare_hardware(host, paths)
-    lab_host.exec_in(host, ["sh", "-c", f"[ ! -e {PODMAN_HIDDEN} ] || mv {PODMAN_HIDDEN} {PODMAN}"])
+    _move(host, PODMAN_HIDDEN, PODMAN)
+    _move(host, SUDOERS_HIDDEN, SUDOERS)  # the sudo user's passwordless rule, if hidden
     lab_host.exec_in(host, ["systemctl", "start", "ssh.service"])

@@ -90,6 +90,28 @@ def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
     assert node5["kind"] == "gpu"
 
 
+def test_a_host_without_passwordless_sudo_is_named_and_still_probed(lab5: Lab) -> None:
+    address = {h["name"]: h["address"] for h in lab5.status()["hosts"]}
+    pdctl(lab5.home, *_add_line(lab5), check=False)
+    lab5.fault("node1", "sudo-password")
+    try:
+        check = pdctl(
+            lab5.home, "--json", "fleet", "check", "lab", "--limit", address["node1"], check=False
+        )
+        assert check.returncode == 5 and "Traceback" not in check.stderr
+        failed = _failed(json.loads(check.stdout))[address["node1"]]
+        assert [c["name"] for c in failed] == ["sudo"]
+        assert "needs a password" in failed[0]["message"]
+        assert "--no-become" in failed[0]["message"]  # the fix is named
+        host = json.loads(check.stdout)["hosts"][0]
+        # the probe still ran (as the SSH user): the hardware checks are there and pass
+        assert {c["name"] for c in host["checks"] if c["ok"]} >= {"gpus", "rdma_devices"}
+    finally:
+        lab5.fault("node1", "clear")
+    again = pdctl_json(lab5.home, "fleet", "check", "lab", "--limit", address["node1"])
+    assert again["hosts"][0]["ok"]
+
+
 def test_second_add_is_a_no_op(lab5: Lab) -> None:
     pdctl(lab5.home, *_add_line(lab5), check=False)
     inventory = lab5.home / "inventories" / "lab"
