@@ -195,7 +195,7 @@ def apply(
     old = services.stored_plan(workspace, plan.service)
     extravars = playbook_vars(plan)
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
-    key = drift.key(workspace, plan.service)
+    key = drift.key(workspace, plan.service, create=not dry_run)
     inputs = drift.inputs_digest(key, extravars, fleet_dir, drift.secret_values(plan))
     doc: dict[str, Any] = {
         "service": plan.service,

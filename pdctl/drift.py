@@ -93,10 +93,13 @@ def expectations(plan: Plan) -> dict[str, HostExpectation]:
     return found
 
 
-def key(workspace: Workspace, service: str) -> bytes:
-    """The service's HMAC key (0600 in its state dir), made on first use."""
+def key(workspace: Workspace, service: str, *, create: bool = True) -> bytes:
+    """The service's HMAC key (0600 in its state dir), made on first use. ``create=False``
+    (a dry run) leaves the workspace as it is: without a key there is no record to match."""
     path = services.state_dir(workspace, service) / KEY
     if not path.is_file():
+        if not create:
+            return secrets.token_bytes(32)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.touch(mode=0o600)

@@ -95,7 +95,7 @@ def test_dry_run_changes_nothing(svc: Service) -> None:
     assert doc["dry_run"] is True and doc["changes"][0].startswith("+ new service pdlab")
     units = svc.lab.ssh("node2", "ls /etc/systemd/system | grep '^pd-' || true").stdout
     assert units.strip() == ""  # a dry run changes no host
-    assert not (svc.lab.home / ".pdctl" / "services" / SERVICE / "plan.json").exists()
+    assert not (svc.lab.home / ".pdctl" / "services" / SERVICE).exists()  # nor the workspace
 
 
 def test_deploy_serves_a_chat_request_through_the_router(svc: Service) -> None:

@@ -101,7 +101,7 @@ def test_a_host_without_passwordless_sudo_is_named_and_still_probed(lab5: Lab) -
         assert check.returncode == 5 and "Traceback" not in check.stderr
         failed = _failed(json.loads(check.stdout))[address["node1"]]
         # sudo first; the probe ran without it (rootless podman fails too, which is true)
-        assert [c["name"] for c in failed][0] == "sudo"
+        assert failed[0]["name"] == "sudo"
         assert "probe" not in {c["name"] for c in failed}
         assert "needs a password" in failed[0]["message"]
         assert "--no-become" in failed[0]["message"]  # the fix is named
