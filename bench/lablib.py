@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,24 @@ def cpu_busy() -> Iterator[list[float]]:
     finally:
         busy2, total2 = cpu_ticks()
         box.append((busy2 - busy) / max(1, total2 - total))
+
+
+@contextmanager
+def controller_cpu() -> Iterator[list[float]]:
+    """`with controller_cpu() as c: ...` then c[0] is the CPU seconds of the commands this
+    process ran and waited for meanwhile (pdctl and its Ansible, Mitogen and ssh children):
+    the controller's own work, apart from the lab hosts' (they are not its descendants)."""
+    box: list[float] = []
+
+    def used() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    before = used()
+    try:
+        yield box
+    finally:
+        box.append(used() - before)
 
 
 @contextmanager

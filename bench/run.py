@@ -32,11 +32,22 @@ if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import actions, baseline, scaler_sim
-from bench.lablib import FLEET, OUT, BenchError, BenchLab, cpu_busy, line, percentile, stopwatch
+from bench.lablib import (
+    FLEET,
+    OUT,
+    BenchError,
+    BenchLab,
+    controller_cpu,
+    cpu_busy,
+    line,
+    percentile,
+    stopwatch,
+)
 from pdctl import spec
 
 NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action")
 STARTED = time.monotonic()
+CONTROLLER_CPU: dict[int, float] = {}  # hosts -> CPU seconds of pdctl's first deploy's process tree
 
 
 def progress(message: str) -> None:
@@ -47,12 +58,20 @@ def result(text: str) -> None:
     print(text, flush=True)
 
 
-def timed_deploy(lab: BenchLab, spec: Path, first: bool = True) -> tuple[float, dict[str, object]]:
+def timed_deploy(
+    lab: BenchLab, spec: Path, first: bool = True, cpu: dict[int, float] | None = None
+) -> tuple[float, dict[str, object]]:
+    """Seconds and JSON of `pdctl deploy`; ``cpu[hosts]`` gets the controller's CPU seconds."""
     if first:
         lab.forget_images()  # the lab loaded them at boot: a first deploy starts without
-    with cpu_busy() as busy, stopwatch() as took:
+    with cpu_busy() as busy, controller_cpu() as mine, stopwatch() as took:
         doc = lab.pdctl("deploy", str(spec), "--fleet", FLEET, "-y")
-    progress(f"deploy took {took[0]:.1f} s with the CPU {busy[0]:.0%} busy (all cores)")
+    progress(
+        f"deploy took {took[0]:.1f} s with the CPU {busy[0]:.0%} busy (all cores); "
+        f"the controller's share {mine[0]:.1f} CPU s"
+    )
+    if cpu is not None:
+        cpu[lab.hosts] = mine[0]
     return took[0], doc
 
 
@@ -87,7 +106,7 @@ def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
     def body(lab: BenchLab) -> None:
         spec = lab.write_spec()
         progress(f"deploy with pdctl on {hosts} hosts")
-        times["pdctl"], _ = timed_deploy(lab, spec)
+        times["pdctl"], _ = timed_deploy(lab, spec, cpu=CONTROLLER_CPU)
         reset(lab)
         progress(f"deploy under Ansible's defaults on {hosts} hosts")
         times["baseline"] = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
@@ -109,7 +128,7 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
             return
         spec = lab.write_spec()
         progress(f"deploy with pdctl on {hosts} hosts")
-        first, _ = timed_deploy(lab, spec)
+        first, _ = timed_deploy(lab, spec, cpu=CONTROLLER_CPU)
         if "redeploy" in wanted:
             progress("no-op redeploy")
             again, doc = timed_deploy(lab, spec, first=False)
@@ -143,9 +162,11 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
             slow = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
             result(line("deploy", first, slow, hosts))
             if small.get("pdctl"):
+                few = int(small.get("hosts", 0))
                 result(
                     f"note: pdctl's deploy at {hosts} hosts took {first / small['pdctl']:.2f}x "
-                    f"its time at {small.get('hosts', 0):.0f} hosts"
+                    f"its time at {few} hosts; its controller's CPU "
+                    f"{CONTROLLER_CPU.get(hosts, 0):.1f} s vs {CONTROLLER_CPU.get(few, 0):.1f} s"
                 )
 
     with_lab(hosts, body)

@@ -241,9 +241,14 @@ def apply(
     doc["changed_hosts"] = summary.changed_hosts()
     if not dry_run:
         with services.open_handle(workspace, plan, log=progress) as handle:
-            doc["rolled"] = _roll(handle, progress)
+            # One read of every host serves both the roll (slot states) and the record (files:
+            # a roll starts and stops units, it writes none).
+            observed = drift.observe(handle, key)
+            states = {name: st for o in observed.values() for name, st in o.states.items()}
+            every_host_read = all(not o.error for o in observed.values())
+            doc["rolled"] = _roll(handle, progress, states if every_host_read else None)
             services.save_plan(workspace, plan)
-            drift.save_record(workspace, plan.service, inputs, drift.observe(handle, key))
+            drift.save_record(workspace, plan.service, inputs, observed)
     return doc
 
 
@@ -264,13 +269,16 @@ def _quick_check(
     return drift.compare(plan, record, inputs, observed, registered)
 
 
-def _roll(handle: services.Handle, progress: Progress) -> list[str]:
-    """Replace running replicas whose config is stale, one at a time, without downtime."""
+def _roll(
+    handle: services.Handle, progress: Progress, states: dict[str, SlotState] | None = None
+) -> list[str]:
+    """Replace running replicas whose config is stale, one at a time, without downtime.
+    ``states``: the slots' states when already read (else they are read here)."""
     plan = handle.plan
     rolled: list[str] = []
     paused = False
     actuator = handle.actuator
-    states = actuator.states()
+    states = dict(states) if states is not None else actuator.states()
     for role in WORKER_ROLES:
         config = plan.groups[role].config
         stale = [
