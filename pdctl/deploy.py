@@ -294,6 +294,7 @@ def _roll(
             if spare is not None:
                 progress(f"rolling {old.slot.name}: new replica on {spare.name}")
                 actuator.scale_out(spare)
+                actuator.wait_in_service(spare)  # routable before the old one drains
                 actuator.scale_in(old.slot)
                 states[spare.name] = SlotState(spare, "active", config)
                 states[old.slot.name] = SlotState(old.slot, "inactive", None)

@@ -125,6 +125,22 @@ class Actuator:
     def register(self, slot: Slot) -> None:
         self.router.add_worker(slot.url, slot.group, slot.bootstrap_port)
 
+    def wait_in_service(self, slot: Slot, timeout: float = 60.0) -> None:
+        """Until the router lists the worker as healthy. SMG answers a registration with 202
+        and adds the worker after its own health check: a replica that replaces another must
+        be routable before the other one leaves, or its group has a moment with none (503)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            worker = self.router.find(slot.url)
+            if worker is not None and worker.healthy:
+                return
+            time.sleep(HEALTH_POLL)
+        raise HostError(
+            f"{slot.name} on {slot.host}: the router did not put it in service within "
+            f"{timeout:.0f} s",
+            hint=f"pdctl status {self.plan.service}; pdctl logs {self.plan.service} {slot.name}",
+        )
+
     def deregister(self, slot: Slot, drain_timeout: float = 60.0) -> None:
         """Remove the worker from the router and wait until the router has let go of it."""
         worker = self.router.find(slot.url)
