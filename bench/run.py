@@ -58,10 +58,8 @@ def result(text: str) -> None:
     print(text, flush=True)
 
 
-def timed_deploy(
-    lab: BenchLab, spec: Path, first: bool = True, cpu: dict[int, float] | None = None
-) -> tuple[float, dict[str, object]]:
-    """Seconds and JSON of `pdctl deploy`; ``cpu[hosts]`` gets the controller's CPU seconds."""
+def timed_deploy(lab: BenchLab, spec: Path, first: bool = True) -> tuple[float, dict[str, object]]:
+    """Seconds and JSON of `pdctl deploy`; a first deploy's controller CPU: CONTROLLER_CPU."""
     if first:
         lab.forget_images()  # the lab loaded them at boot: a first deploy starts without
     with cpu_busy() as busy, controller_cpu() as mine, stopwatch() as took:
@@ -70,8 +68,8 @@ def timed_deploy(
         f"deploy took {took[0]:.1f} s with the CPU {busy[0]:.0%} busy (all cores); "
         f"the controller's share {mine[0]:.1f} CPU s"
     )
-    if cpu is not None:
-        cpu[lab.hosts] = mine[0]
+    if first:
+        CONTROLLER_CPU[lab.hosts] = mine[0]
     return took[0], doc
 
 
@@ -106,7 +104,7 @@ def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
     def body(lab: BenchLab) -> None:
         spec = lab.write_spec()
         progress(f"deploy with pdctl on {hosts} hosts")
-        times["pdctl"], _ = timed_deploy(lab, spec, cpu=CONTROLLER_CPU)
+        times["pdctl"], _ = timed_deploy(lab, spec)
         reset(lab)
         progress(f"deploy under Ansible's defaults on {hosts} hosts")
         times["baseline"] = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
@@ -128,7 +126,7 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
             return
         spec = lab.write_spec()
         progress(f"deploy with pdctl on {hosts} hosts")
-        first, _ = timed_deploy(lab, spec, cpu=CONTROLLER_CPU)
+        first, _ = timed_deploy(lab, spec)
         if "redeploy" in wanted:
             progress("no-op redeploy")
             again, doc = timed_deploy(lab, spec, first=False)

@@ -37,7 +37,7 @@ from pdctl import service as services
 from pdctl import ssh
 from pdctl.content import content_root
 from pdctl.errors import PdctlError
-from pdctl.plan import Plan
+from pdctl.plan import Plan, Slot
 from pdctl.scaler.act import UNITCTL, SlotState, parse_states
 from pdctl.workspace import Workspace
 
@@ -56,7 +56,7 @@ class HostExpectation:
     roots: tuple[str, ...]
     units: tuple[str, ...]
     images: tuple[str, ...]
-    has_slots: bool
+    slots: tuple[Slot, ...]
 
 
 def expectations(plan: Plan) -> dict[str, HostExpectation]:
@@ -88,7 +88,7 @@ def expectations(plan: Plan) -> dict[str, HostExpectation]:
             roots=tuple(roots),
             units=tuple(units),
             images=tuple(sorted(images)),
-            has_slots=bool(slots),
+            slots=tuple(slots),
         )
     return found
 
@@ -100,12 +100,17 @@ def key(workspace: Workspace, service: str, *, create: bool = True) -> bytes:
     if not path.is_file():
         if not create:
             return secrets.token_bytes(32)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(secrets.token_hex(32))
-        tmp.replace(path)
+        _write_private(path, secrets.token_hex(32))
     return bytes.fromhex(path.read_text().strip())
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, atomically (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.touch(mode=0o600)
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _content_digest() -> str:
@@ -128,8 +133,8 @@ def _inventory_bytes(file: Path) -> bytes:
         return file.read_bytes()
     doc = yaml.safe_load(file.read_text()) or {}
     if isinstance(doc, dict):
-        for key in _CHECK_RECORDS:
-            doc.pop(key, None)
+        for record in _CHECK_RECORDS:
+            doc.pop(record, None)
     return json.dumps(doc, sort_keys=True, default=str).encode()
 
 
@@ -178,7 +183,7 @@ def observe(handle: services.Handle, key: bytes) -> dict[str, Observed]:
             "roots": list(expect.roots),
             "units": list(expect.units),
             "images": list(expect.images),
-            "states": [UNITCTL, plan.service, "states"] if expect.has_slots else None,
+            "states": [UNITCTL, plan.service, "states"] if expect.slots else None,
             "key": key.hex(),
         }
         # The parameters travel with the source on stdin: nothing of them in any argv.
@@ -194,8 +199,9 @@ def observe(handle: services.Handle, key: bytes) -> dict[str, Observed]:
             tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
             return Observed({}, {}, {}, {}, error=f"cannot read it: {tail}")
         doc = json.loads(result.stdout)
-        slots = [s for s in plan.slots() if s.host == host]
-        states = parse_states(doc["states"], slots) if doc.get("states") is not None else {}
+        states = {}
+        if doc.get("states") is not None:
+            states = parse_states(doc["states"], list(expect.slots))
         return Observed(doc["files"], doc["units"], doc["images"], states)
 
     hosts = plan.hosts()
@@ -288,13 +294,8 @@ def save_record(
 ) -> None:
     """Record what the hosts hold after a converge; hosts that could not be read are left
     out, so the next deploy converges again."""
-    directory = services.state_dir(workspace, service)
-    directory.mkdir(parents=True, exist_ok=True)
     doc = {"inputs": inputs, "hosts": {h: o.files for h, o in observed.items() if not o.error}}
-    tmp = directory / (RECORD + ".tmp")
-    tmp.touch(mode=0o600)
-    tmp.write_text(json.dumps(doc, sort_keys=True))
-    tmp.replace(directory / RECORD)
+    _write_private(services.state_dir(workspace, service) / RECORD, json.dumps(doc, sort_keys=True))
 
 
 def registered_urls(handle: services.Handle) -> set[str] | None:
