@@ -336,6 +336,8 @@ def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | Non
 def _restart_in_place(actuator: Actuator, slot: Slot) -> None:
     actuator.scale_in(slot)
     actuator.scale_out(slot)
+    # The group's next stale replica may be the one to go next: this one must be routable first.
+    actuator.wait_in_service(slot)
 
 
 def status(workspace: Workspace, name: str) -> dict[str, Any]:

@@ -53,6 +53,14 @@ class Service:
         text = self.lab.ssh(node, f"cat /etc/pdctl/{SERVICE}/router.env", user="root").stdout
         return text.strip().split("=", 1)[1]
 
+    def router_log(self) -> str:
+        """The router's journal since the last minutes, for a failure's message."""
+        router = self.status()["groups"]["router"]["host"]
+        node = next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == router)
+        unit = f"pd-{SERVICE}-router.service"
+        command = f"journalctl -u {unit} --since -4min --no-pager -o short-precise | tail -n 80"
+        return str(self.lab.ssh(node, command, user="root").stdout)
+
     def chat(self, text: str, key: str | None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
         endpoint = self.endpoint or self.status()["endpoint"]
         request = urllib.request.Request(
@@ -74,7 +82,12 @@ class Service:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            return exc.code, {}
+            text = exc.read().decode(errors="replace")
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = {"text": text}
+            return exc.code, doc if isinstance(doc, dict) else {"body": doc}
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +257,7 @@ def test_logs_show_the_replica_journal(svc: Service) -> None:
 
 
 class Client(threading.Thread):
-    """A light client: one chat request every 0.25 s, counting failures."""
+    """A steady client: one chat request every 0.1 s (a gap in service of a moment shows)."""
 
     def __init__(self, svc: Service, key: str) -> None:
         super().__init__(daemon=True)
@@ -253,21 +266,39 @@ class Client(threading.Thread):
         self.done = threading.Event()
         self.ok = 0
         self.failed: list[int] = []
+        self.why: list[str] = []  # each failure's time and answer, for the assertion message
 
     def run(self) -> None:
         while not self.done.is_set():
+            body: object = {}
             try:
-                status, _ = self.svc.chat("rolling", self.key, timeout=15)
-            except OSError:
-                status = 0
+                status, body = self.svc.chat("rolling", self.key, timeout=15)
+            except OSError as exc:
+                status, body = 0, str(exc)
             if status == 200:
                 self.ok += 1
             else:
                 self.failed.append(status)
-            time.sleep(0.25)
+                self.why.append(f"{time.strftime('%H:%M:%S')} {status} {body}")
+            time.sleep(0.1)
+
+
+def serving(svc: Service, role: str) -> int:
+    """Replicas of ROLE running and registered with the router, read live."""
+    replicas = svc.status()["groups"][role]["replicas"]
+    return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
 
 
 def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Path) -> None:
+    # Both ways a replica rolls, under load: prefill pinned at its maximum (2) has no spare
+    # slot, so its replicas restart in place one after the other, the other one serving;
+    # decode pinned at 1 rolls onto its spare slot, then the old replica drains.
+    svc.pdctl("scale", SERVICE, "prefill", "2")
+    svc.pdctl("scale", SERVICE, "decode", "1")
+    deadline = time.monotonic() + 120
+    while (serving(svc, "prefill"), serving(svc, "decode")) != (2, 1):
+        assert time.monotonic() < deadline, svc.status()
+        time.sleep(1)
     changed = tmp_path / "pd.yml"
     changed.write_text(SPEC.read_text().replace("sglang-rocm:0.5.4-lab", "sglang-rocm:0.5.5-lab"))
     plan = svc.json("plan", str(changed), "--fleet", "lab")
@@ -281,25 +312,24 @@ def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Pa
     finally:
         client.done.set()
         client.join(30)
-    # Every slot running at the time rolls: the planned ones, and any spare the scaler started
-    # for the client's ~4 rps (its stale check below covers them too).
-    assert {"decode/1", "prefill/1"} <= set(doc["rolled"])
-    assert client.failed == [] and client.ok > 20
-    status = svc.status()
-    for role in ("prefill", "decode"):
-        group = status["groups"][role]
-        # the client's ~4 rps may make the scaler add a replica: any count, none stale
-        assert group["running"] >= 1 and not any(r["stale"] for r in group["replicas"])
-    image = svc.lab.ssh(
-        "node3", f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
-    ).stdout
-    assert (
-        "0.5.5-lab" in image
-        or "0.5.5-lab"
-        in svc.lab.ssh(
-            "node2", f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
+    assert set(doc["rolled"]) == {"prefill/1", "prefill/2", "decode/1"}
+    assert client.failed == [] and client.ok > 20, (client.why, svc.router_log())
+    groups = svc.status()["groups"]
+    active = {
+        role: sorted(r["slot"] for r in groups[role]["replicas"] if r["state"] == "active")
+        for role in ("prefill", "decode")
+    }
+    assert active == {"prefill": [1, 2], "decode": [2]}  # in place; onto the spare
+    assert not any(r["stale"] for role in active for r in groups[role]["replicas"])
+    images = "".join(
+        svc.lab.ssh(
+            node, f"podman ps --format '{{{{.Image}}}}' --filter name=pd-{SERVICE}-", user="root"
         ).stdout
+        for node in ("node2", "node3")
     )
+    assert "0.5.5-lab" in images and "0.5.4-lab" not in images
+    for role in ("prefill", "decode"):
+        svc.pdctl("scale", SERVICE, role, "auto")
 
 
 def test_destroy_leaves_hosts_clean(svc: Service) -> None:
