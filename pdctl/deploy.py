@@ -293,8 +293,7 @@ def _roll(
             spare = _spare(states, role, exclude=old.slot)
             if spare is not None:
                 progress(f"rolling {old.slot.name}: new replica on {spare.name}")
-                actuator.scale_out(spare)
-                actuator.wait_in_service(spare)  # routable before the old one drains
+                _into_service(actuator, spare)
                 actuator.scale_in(old.slot)
                 states[spare.name] = SlotState(spare, "active", config)
                 states[old.slot.name] = SlotState(old.slot, "inactive", None)
@@ -335,8 +334,14 @@ def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | Non
 
 def _restart_in_place(actuator: Actuator, slot: Slot) -> None:
     actuator.scale_in(slot)
+    _into_service(actuator, slot)
+
+
+def _into_service(actuator: Actuator, slot: Slot) -> None:
+    """Start, register and wait until the router routes to it: in a roll another replica of
+    the group leaves next (the old one, or the next stale one in place), and the group must
+    never be left without a routable worker (SMG adds a registered worker asynchronously)."""
     actuator.scale_out(slot)
-    # The group's next stale replica may be the one to go next: this one must be routable first.
     actuator.wait_in_service(slot)
 
 

@@ -39,7 +39,7 @@ from pdctl.content import content_root
 from pdctl.errors import PdctlError
 from pdctl.plan import Plan, Slot
 from pdctl.scaler.act import UNITCTL, SlotState, parse_states
-from pdctl.workspace import Workspace
+from pdctl.workspace import Workspace, write_atomic
 
 RECORD = "converged.json"
 KEY = "converged.key"
@@ -100,17 +100,8 @@ def key(workspace: Workspace, service: str, *, create: bool = True) -> bytes:
     if not path.is_file():
         if not create:
             return secrets.token_bytes(32)
-        _write_private(path, secrets.token_hex(32))
+        write_atomic(path, secrets.token_hex(32), private=True)
     return bytes.fromhex(path.read_text().strip())
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, atomically (a reader never sees half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.touch(mode=0o600)
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _content_digest() -> str:
@@ -295,7 +286,8 @@ def save_record(
     """Record what the hosts hold after a converge; hosts that could not be read are left
     out, so the next deploy converges again."""
     doc = {"inputs": inputs, "hosts": {h: o.files for h, o in observed.items() if not o.error}}
-    _write_private(services.state_dir(workspace, service) / RECORD, json.dumps(doc, sort_keys=True))
+    record = services.state_dir(workspace, service) / RECORD
+    write_atomic(record, json.dumps(doc, sort_keys=True), private=True)
 
 
 def registered_urls(handle: services.Handle) -> set[str] | None:

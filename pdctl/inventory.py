@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from pdctl.errors import InputError, NotFound
 from pdctl.ssh import Target, parse_target
-from pdctl.workspace import Workspace
+from pdctl.workspace import Workspace, write_atomic
 from pdctl.yamlsrc import dump_text
 
 HostKind = Literal["gpu", "cpu", "new"]
@@ -170,11 +170,8 @@ def _sort_key(name: str) -> tuple[Any, ...]:
 
 def _dump(path: Path, doc: dict[str, Any], header: str) -> None:
     text = f"---\n# {header}\n" + dump_text(doc)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
 
 
 def ssh_common_args(settings: FleetSettings) -> str:

@@ -19,7 +19,7 @@ from pdctl.inventory import Fleet
 from pdctl.plan import Plan
 from pdctl.router import Router
 from pdctl.scaler.act import Actuator
-from pdctl.workspace import Workspace
+from pdctl.workspace import Workspace, write_atomic
 
 ROUTER_ENV = "/etc/pdctl/{service}/router.env"
 
@@ -49,11 +49,8 @@ def stored_plan(workspace: Workspace, name: str) -> Plan | None:
 
 
 def save_plan(workspace: Workspace, plan: Plan) -> None:
-    directory = state_dir(workspace, plan.service)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "plan.json.tmp"
-    tmp.write_text(json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-    tmp.replace(directory / "plan.json")
+    text = json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    write_atomic(state_dir(workspace, plan.service) / "plan.json", text)
 
 
 def forget(workspace: Workspace, name: str) -> None:

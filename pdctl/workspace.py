@@ -36,6 +36,16 @@ class Workspace:
         return self.services / name
 
 
+def write_atomic(path: Path, text: str, *, private: bool = False) -> None:
+    """Write PATH whole or not at all (a reader never sees half of it); ``private``: 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if private:
+        tmp.touch(mode=0o600)
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def cache_dir() -> Path:
     """Machine-wide cache shared by every workspace (lab rootfs, wheels, images).
 

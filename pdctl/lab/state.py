@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pdctl.workspace import write_atomic
+
 HostKind = Literal["cpu", "gpu"]
 GPUS_PER_HOST = 8
 NICS_PER_HOST = 8
@@ -90,14 +92,9 @@ def load(path: Path) -> LabState | None:
 
 
 def save(path: Path, state: LabState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(state.model_dump_json(indent=2))
-    tmp.replace(path)
+    write_atomic(path, state.model_dump_json(indent=2))
 
 
 def write_hardware(path: Path, hardware: FakeHardware) -> None:
-    """Write atomically: the fake tools may be reading it this very moment."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(hardware.model_dump(), indent=2))
-    tmp.replace(path)
+    """Atomically: the fake tools may be reading it this very moment."""
+    write_atomic(path, json.dumps(hardware.model_dump(), indent=2))

@@ -47,16 +47,21 @@ class Service:
         doc: dict[str, Any] = self.json("status", SERVICE)
         return doc
 
+    def node(self, address: str) -> str:
+        """The lab node name of a host address as pdctl reports it."""
+        return str(next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == address))
+
+    def router_node(self) -> str:
+        return self.node(self.status()["groups"]["router"]["host"])
+
     def api_key(self) -> str:
-        router = self.status()["groups"]["router"]["host"]
-        node = next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == router)
+        node = self.router_node()
         text = self.lab.ssh(node, f"cat /etc/pdctl/{SERVICE}/router.env", user="root").stdout
         return text.strip().split("=", 1)[1]
 
     def router_log(self) -> str:
         """The router's journal since the last minutes, for a failure's message."""
-        router = self.status()["groups"]["router"]["host"]
-        node = next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == router)
+        node = self.router_node()
         unit = f"pd-{SERVICE}-router.service"
         command = f"journalctl -u {unit} --since -4min --no-pager -o short-precise | tail -n 80"
         return str(self.lab.ssh(node, command, user="root").stdout)
@@ -150,7 +155,7 @@ def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
     env = f"/etc/pdctl/{SERVICE}/service.env"
     unit = f"pd-{SERVICE}-decode@1.service"
     decode_host = next(r for r in svc.status()["groups"]["decode"]["replicas"] if r["slot"] == 1)
-    node = next(h["name"] for h in svc.lab.status()["hosts"] if h["address"] == decode_host["host"])
+    node = svc.node(decode_host["host"])
     svc.lab.ssh(node, f"echo EDITED=by-hand >> {env}; systemctl disable {unit}", user="root")
     dry = svc.json("deploy", str(SPEC), "--fleet", "lab", "--dry-run")
     assert dry["converged"] is True and dry["dry_run"] is True
