@@ -18,6 +18,7 @@ from typing import Any
 
 from pdctl import drift, inventory, runner
 from pdctl import service as services
+from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot, build
 from pdctl.scaler import control
@@ -26,7 +27,6 @@ from pdctl.scaler.setup import handle_store
 from pdctl.spec import Env, Spec, load
 from pdctl.versions import scaler_requirements
 from pdctl.workspace import Workspace, cache_dir
-from pdctl.yamlsrc import dump_text
 
 Progress = Callable[[str], None]
 
@@ -61,8 +61,9 @@ def write_plan_file(plan: Plan, path: Path) -> None:
     header = (
         "# pdctl plan: the extra-vars of playbooks/deploy.yml. Secrets are not in here: export\n"
         f"# {', '.join(plan.secret_names) or '(none)'} before running ansible-playbook.\n"
+        "# Every string is tagged !unsafe: Ansible passes it on as written, never as a template.\n"
     )
-    path.write_text("---\n" + header + dump_text(plan.extravars()))
+    path.write_text("---\n" + header + unsafe_yaml(plan.extravars()))
 
 
 def plan_table(plan: Plan) -> list[tuple[str, ...]]:

@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pdctl import service as services
 from pdctl import ssh
 from pdctl.content import content_root
-from pdctl.errors import PdctlError
+from pdctl.errors import InputError, PdctlError
 from pdctl.plan import Plan, Slot
 from pdctl.scaler.act import UNITCTL, SlotState, parse_states
 from pdctl.workspace import Workspace, write_atomic
+from pdctl.yamlsrc import YamlError, load_mapping_file
 
 RECORD = "converged.json"
 KEY = "converged.key"
@@ -122,10 +121,12 @@ def _inventory_bytes(file: Path) -> bytes:
     preflight results, which no role reads): a re-check must not force a converge."""
     if file.parent.name != "host_vars" or file.suffix not in {".yml", ".yaml"}:
         return file.read_bytes()
-    doc = yaml.safe_load(file.read_text()) or {}
-    if isinstance(doc, dict):
-        for record in _CHECK_RECORDS:
-            doc.pop(record, None)
+    try:
+        doc = load_mapping_file(file)
+    except YamlError as exc:
+        raise InputError(exc.describe(file), hint="fix or remove the file") from exc
+    for record in _CHECK_RECORDS:
+        doc.pop(record, None)
     return json.dumps(doc, sort_keys=True, default=str).encode()
 
 

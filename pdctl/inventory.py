@@ -18,18 +18,17 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, Field
 
+from pdctl import validate
 from pdctl.errors import InputError, NotFound
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace, write_atomic
-from pdctl.yamlsrc import dump_text
+from pdctl.yamlsrc import YamlError, dump_text, load_mapping_file
 
 HostKind = Literal["gpu", "cpu", "new"]
 GROUPS: dict[HostKind, str] = {"gpu": "pd_gpu_hosts", "cpu": "pd_cpu_hosts", "new": "pd_new_hosts"}
 KNOWN_HOSTS = "known_hosts.txt"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class FleetSettings(BaseModel):
@@ -80,11 +79,8 @@ def host_name(address: str, port: int) -> str:
 
 
 def validate_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise InputError(
-            f"bad fleet name {name!r}",
-            hint="use lower-case letters, digits, '-' and '_' (at most 63)",
-        )
+    if not validate.FLEET_NAME.match(name):
+        raise InputError(f"bad fleet name {name!r}", hint=f"use {validate.FLEET_NAME_RULE}")
 
 
 def fleet_dir(workspace: Workspace, name: str) -> Path:
@@ -112,12 +108,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}", hint="fix or remove the file") from exc
-    if not isinstance(doc, dict):
-        raise InputError(f"{path}: expected a mapping at the top")
-    return doc
+        return load_mapping_file(path)
+    except YamlError as exc:
+        raise InputError(exc.describe(path), hint="fix or remove the file") from exc
 
 
 def _settings_from_vars(variables: dict[str, Any]) -> FleetSettings:
@@ -132,6 +125,7 @@ def _settings_from_vars(variables: dict[str, Any]) -> FleetSettings:
 
 
 def load(workspace: Workspace, name: str) -> Fleet:
+    validate_name(name)  # the name picks a directory: never a path
     directory = fleet_dir(workspace, name)
     if not (directory / "hosts.yml").is_file():
         known = ", ".join(list_fleets(workspace)) or "none yet"

@@ -16,30 +16,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pdctl.errors import CheckFailed
+from pdctl.errors import CheckFailed, InputError
 from pdctl.inventory import Fleet, FleetHost
-from pdctl.spec import Env, ReplicaGroup, Spec, command_flags
+from pdctl.router_flags import kept_flags, launch_line
+from pdctl.spec import Env, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
 WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
 CONTAINER_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
 RENDER_MINOR_BASE = 128
-# Flags of `smg launch` that pdctl sets itself (value count after the flag).
-_ROUTER_OWNED = {
-    "--host": 1,
-    "--port": 1,
-    "--pd-disaggregation": 0,
-    "--prefill": 2,
-    "--decode": 1,
-    "--prometheus-host": 1,
-    "--prometheus-port": 1,
-    "--api-key": 1,
-    "--worker-urls": -1,
-}
-_ROUTER_LAUNCH = re.compile(
-    r"(?:^|\s)(?:smg\s+launch|python3?\s+-m\s+(?:smg|sglang_router)\.launch_router)\b"
-)
+# pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults).
+SCALER_METRICS_PORT = 29100
 
 
 class Slot(BaseModel):
@@ -211,11 +199,9 @@ def worker_script(group: ReplicaGroup, role: WorkerRole) -> str:
 def router_args(spec: Spec) -> list[str]:
     """The router group's `smg launch` flags that pdctl keeps (policies, timeouts, ...)."""
     router = next((g for g in spec.replicas if g.role == "router"), None)
-    launch = next(
-        (c for c in (router.commands if router else []) if _ROUTER_LAUNCH.search(c)), None
-    )
-    settings = spec.pdctl.router
+    launch = launch_line(router.commands) if router else None
     if launch is None:
+        settings = spec.pdctl.router
         args = [
             "--prefill-policy",
             settings.prefill_policy,
@@ -223,24 +209,7 @@ def router_args(spec: Spec) -> list[str]:
             settings.decode_policy,
         ]
         return [*args, *(["--policy", settings.policy] if settings.policy else [])]
-    words = command_flags([launch])
-    start = next(i for i, w in enumerate(words) if w == "launch" or w.endswith("launch_router")) + 1
-    kept: list[str] = []
-    i = start
-    while i < len(words):
-        word = words[i]
-        flag = word.split("=", 1)[0]
-        if flag in _ROUTER_OWNED:
-            take = _ROUTER_OWNED[flag]
-            i += 1
-            if "=" not in word:
-                while take != 0 and i < len(words) and not words[i].startswith("--"):
-                    i += 1
-                    take -= 1
-            continue
-        kept.append(word)
-        i += 1
-    return kept
+    return kept_flags(launch)
 
 
 def _config_hash(image: str, script: str, env: Env, spec: Spec, gpus: int) -> str:
@@ -409,6 +378,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         )
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
+    _check_listeners(spec, router_host.name, [s for r in WORKER_ROLES for s in groups[r].slots])
     settings = spec.pdctl
     volumes = _volumes(spec, fleet)
     probe = spec.probes[0] if spec.probes else None
@@ -442,6 +412,47 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         groups=groups,
         excluded_hosts=dict(sorted(excluded.items())),
     )
+
+
+def _check_listeners(spec: Spec, router_host: str, slots: list[Slot]) -> None:
+    """No two listeners of the plan on one (host, port), and every port a TCP port.
+
+    A worker's port starts a range of `pdctl.ports.stride` ports: SGLang opens internal
+    ports from --port + 233. The router's, its metrics' and the scaler's ports and every
+    prefill's bootstrap port must stay out of every such range on their host.
+    """
+    stride = spec.pdctl.ports.stride
+    spans: dict[str, list[tuple[int, int, str]]] = {
+        router_host: [
+            (spec.port, spec.port, "the router (port)"),
+            (m := spec.pdctl.router.metrics_port, m, "the router's metrics (metrics_port)"),
+            (SCALER_METRICS_PORT, SCALER_METRICS_PORT, "the scaler's metrics"),
+        ]
+    }
+    for slot in slots:
+        spans.setdefault(slot.host, []).append(
+            (slot.port, slot.port + stride - 1, f"{slot.name} (pdctl.ports.base, stride)")
+        )
+        if slot.bootstrap_port is not None:
+            spans[slot.host].append(
+                (slot.bootstrap_port, slot.bootstrap_port, f"{slot.name}'s bootstrap port")
+            )
+    for host in sorted(spans, key=_natural):
+        previous: tuple[int, int, str] | None = None
+        for start, end, owner in sorted(spans[host]):
+            if end > 65535:
+                raise InputError(
+                    f"{host}: {owner} would use ports up to {end}, past 65535",
+                    hint="lower pdctl.ports.base or pdctl.ports.stride, or the groups' max counts",
+                )
+            if previous is not None and start <= previous[1]:
+                raise InputError(
+                    f"{host}: port {start} is wanted by {previous[2]} and by {owner}",
+                    hint="move one: pdctl.ports.base/stride/bootstrap_base, port or "
+                    "pdctl.router.metrics_port in the spec",
+                )
+            if previous is None or end > previous[1]:
+                previous = (start, end, owner)
 
 
 def _volumes(spec: Spec, fleet: Fleet) -> list[str]:

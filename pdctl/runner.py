@@ -2,8 +2,9 @@
 
 A private data dir per run (0700, removed afterwards), the project's
 ansible.cfg, events turned into per-host progress and a summary, Ctrl-C
-turned into a clean cancel. Secrets passed as ``secrets`` reach Ansible as
-extra-vars in that private dir only, and no event is written to disk.
+turned into a clean cancel. Extra-vars reach Ansible as a file in that private dir,
+every string tagged !unsafe (pdctl/ansible_data.py): never on ansible-playbook's
+command line, never rendered as a template. No event is written to disk.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pdctl.ansible_data import unsafe_yaml
 from pdctl.content import content_root, playbook
 from pdctl.errors import EnvironmentProblem, InputError, Interrupted
 
@@ -153,7 +155,6 @@ def run_playbook(
     inventory: Path,
     *,
     extravars: dict[str, Any] | None = None,
-    secrets: dict[str, str] | None = None,
     limit: str | None = None,
     forks: int | None = None,
     check: bool = False,
@@ -194,13 +195,17 @@ def run_playbook(
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
     private = Path(tempfile.mkdtemp(prefix="pdctl-run-"))
     private.chmod(0o700)
+    if extravars:
+        # ansible-runner passes a dict of extra-vars as JSON on the command line (visible in
+        # ps, and templated by Ansible); env/extravars in the private dir is read as a file.
+        (private / "env").mkdir(mode=0o700)
+        (private / "env" / "extravars").write_text(unsafe_yaml(extravars))
     try:
         with _cancel_on_interrupt() as cancelled:
             runner = ansible_runner.run(
                 private_data_dir=str(private),
                 playbook=str(playbook(name)),
                 inventory=str(inventory),
-                extravars={**(extravars or {}), **(secrets or {})},
                 limit=limit,
                 forks=forks,
                 cmdline=cmdline or None,
@@ -208,8 +213,6 @@ def run_playbook(
                 event_handler=on_event,
                 cancel_callback=cancelled.is_set,
                 quiet=verbosity < 2,
-                # Extra-vars (secrets included) go to env/extravars inside the 0700
-                # private dir, never onto ansible-playbook's command line.
                 suppress_output_file=True,
             )
             if cancelled.is_set():

@@ -15,10 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
+from pdctl import validate
 from pdctl.errors import InputError
-from pdctl.yamlsrc import Located, YamlError, load_text
+from pdctl.router_flags import RouterFlagError, kept_flags, launch_line
+from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
 GroupRole = Literal["router", "prefill", "decode"]
 
@@ -58,8 +68,9 @@ IGNORED_DSTACK_FIELDS = frozenset(
         "description",
     }
 )
-_NAME = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# At most this many slots (replicas up to each group's max) per service: each is planned,
+# written and probed at every deploy.
+MAX_SLOTS = 1024
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB|TB)?\s*$", re.I)
 
@@ -88,7 +99,17 @@ def _seconds(value: Any) -> float:
     return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2] or "s"]
 
 
-Duration = Annotated[float, BeforeValidator(_seconds)]
+def _delay(value: float) -> float:
+    return validate.seconds(value, zero_ok=True)
+
+
+# A time span: positive and finite (a delay may be 0).
+Duration = Annotated[float, BeforeValidator(_seconds), AfterValidator(validate.seconds)]
+Delay = Annotated[float, BeforeValidator(_seconds), AfterValidator(_delay)]
+Port = Annotated[int, AfterValidator(validate.port)]
+HostPath = Annotated[str, AfterValidator(validate.host_path)]
+Image = Annotated[str, AfterValidator(validate.image)]
+Name = Annotated[str, AfterValidator(validate.service_name)]
 
 
 def _gib(value: Any) -> float:
@@ -101,9 +122,9 @@ def _gib(value: Any) -> float:
 class Range(BaseModel):
     """``N``, ``N..``, ``..M`` or ``N..M`` (dstack's range syntax)."""
 
-    model_config = ConfigDict(frozen=True)
-    min: float | None = None
-    max: float | None = None
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+    min: float | None = Field(None, ge=0)
+    max: float | None = Field(None, ge=0)
 
     @classmethod
     def parse(cls, value: Any, unit: Any = float) -> Range:
@@ -137,17 +158,16 @@ class Gpu(BaseModel):
     """``MI300X:8``, ``8``, ``MI300X`` (one), or dstack's ``MI300X:192GB:8``."""
 
     model_config = ConfigDict(frozen=True)
-    model: str | None = None
-    count: int = 1
+    model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    count: int = Field(1, ge=1, le=64, description="GPUs per replica, on one host.")
 
     @classmethod
     def parse(cls, value: Any) -> Gpu:
         if isinstance(value, Gpu):
             return value
         if isinstance(value, dict):
-            return cls(
-                model=value.get("name"), count=int(Range.parse(value.get("count", 1)).max or 1)
-            )
+            count = Range.parse(value.get("count", 1)).max
+            return cls(model=value.get("name"), count=int(count) if count is not None else 1)
         if isinstance(value, int) and not isinstance(value, bool):
             return cls(count=value)
         model, count = None, 1
@@ -165,7 +185,7 @@ class Gpu(BaseModel):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class Resources(Strict):
@@ -190,9 +210,9 @@ class Scaling(Strict):
     metric: Literal["rps"] = Field(
         description="Requests per second through the router (dstack's only metric)."
     )
-    target: float = Field(gt=0, description="RPS one replica of this group should carry.")
-    scale_up_delay: Duration | None = None
-    scale_down_delay: Duration | None = None
+    target: float = Field(gt=0, le=1e6, description="RPS one replica of this group should carry.")
+    scale_up_delay: Delay | None = None
+    scale_down_delay: Delay | None = None
 
 
 class Router(Strict):
@@ -202,11 +222,11 @@ class Router(Strict):
 
 class Probe(Strict):
     type: Literal["http"] = "http"
-    url: str = "/health"
+    url: Annotated[str, AfterValidator(validate.url_path)] = "/health"
     method: Literal["get", "post", "GET", "POST"] = "get"
-    interval: Duration = 15.0
+    interval: Annotated[Duration, Field(ge=1)] = 15.0
     timeout: Duration = 10.0
-    ready_after: int = 1
+    ready_after: int = Field(1, ge=1, le=100)
     headers: list[dict[str, str]] = Field(default_factory=list)
     body: str | None = None
 
@@ -216,6 +236,8 @@ def _count(value: Any) -> tuple[int, int]:
         raise ValueError("a count: N or MIN..MAX")
     if isinstance(value, int):
         return value, value
+    if not isinstance(value, str):
+        raise ValueError("a count: N or MIN..MAX")
     low, sep, high = str(value).partition("..")
     try:
         return (int(low), int(high)) if sep else (int(low), int(low))
@@ -224,21 +246,28 @@ def _count(value: Any) -> tuple[int, int]:
 
 
 class ReplicaGroup(Strict):
-    name: str | None = None
+    name: Name | None = None
     count: Annotated[tuple[int, int], BeforeValidator(_count)] = (1, 1)
     scaling: Scaling | None = None
     commands: list[str] = Field(default_factory=list)
     resources: Resources | None = None
     router: Router | None = None
-    image: str | None = None
+    image: Image | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ReplicaGroup:
         low, high = self.count
         if low < 0 or high < low or high < 1:
             raise ValueError(f"count {low}..{high}: need 0 <= MIN <= MAX and MAX >= 1")
+        if high > MAX_SLOTS:
+            raise ValueError(f"count {low}..{high}: at most {MAX_SLOTS} replicas per service")
         if low != high and self.scaling is None:
             raise ValueError("a range count needs `scaling` (metric: rps, target: N)")
+        if low == high and self.scaling is not None:
+            raise ValueError(
+                f"a fixed count ({low}) with `scaling`: give a range "
+                f"(e.g. count: 1..{max(high, 2)}) or remove `scaling` (dstack refuses this too)"
+            )
         return self
 
     @property
@@ -252,31 +281,50 @@ class ReplicaGroup(Strict):
         return "prefill" if "prefill" in name else "decode" if "decode" in name else None
 
 
+Policy = Literal[
+    "random",
+    "round_robin",
+    "cache_aware",
+    "power_of_two",
+    "least_load",
+    "consistent_hashing",
+    "prefix_hash",
+    "manual",
+    "passthrough",
+    "bucket",
+]
+
+
 class PdctlRouter(Strict):
     host: str | None = Field(
-        None, description="Inventory host for the router (default: a CPU host)."
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$",
+        description="Inventory host for the router (default: a CPU host).",
     )
-    metrics_port: int = 29000
-    policy: str | None = None
-    prefill_policy: str = "round_robin"
-    decode_policy: str = "round_robin"
-    health_check_interval: Duration = 10.0
+    metrics_port: Port = 29000
+    policy: Policy | None = None
+    prefill_policy: Policy = "round_robin"
+    decode_policy: Policy = "round_robin"
+    health_check_interval: Annotated[Duration, Field(ge=1)] = 10.0
 
 
 class PdctlPorts(Strict):
-    base: int = Field(30000, description="First worker port on a host.")
+    base: Port = Field(30000, description="First worker port on a host.")
     stride: int = Field(
-        1000, ge=300, description="Between two workers on one host (SGLang uses port+233...)."
+        1000,
+        ge=300,
+        le=10000,
+        description="Between two workers on one host (SGLang uses port+233...).",
     )
-    bootstrap_base: int = Field(8998, description="First prefill bootstrap port on a host.")
+    bootstrap_base: Port = Field(8998, description="First prefill bootstrap port on a host.")
 
 
 class PdctlSettings(Strict):
     """Settings only pdctl reads; they sit under one top-level key so dstack files stay readable."""
 
-    fleet: str | None = None
+    fleet: Annotated[str, AfterValidator(validate.fleet_name)] | None = None
     runtime: Literal["auto", "podman", "docker"] = "auto"
-    image_archive: str | None = Field(
+    image_archive: HostPath | None = Field(
         None, description="Load the image from this archive (air-gapped hosts)."
     )
     memlock: Literal["unlimited", "inherit"] = Field(
@@ -287,30 +335,26 @@ class PdctlSettings(Strict):
     stop_timeout: Duration = 600.0
     router: PdctlRouter = Field(default_factory=PdctlRouter)
     ports: PdctlPorts = Field(default_factory=PdctlPorts)
-    wheelhouse: str | None = Field(
+    wheelhouse: HostPath | None = Field(
         None, description="Directory of wheels on the router host (offline SMG install)."
     )
 
 
-def _env_list(value: Any) -> list[str]:
-    if isinstance(value, dict):
-        return [k if v is None else f"{k}={v}" for k, v in value.items()]
-    if isinstance(value, list):
-        return [str(item) for item in value]
-    raise ValueError("env: a list of KEY=VALUE (or bare KEY) or a mapping")
-
-
 class Spec(Strict):
     type: Literal["service"]
-    name: str
-    image: str
+    name: Name
+    image: Image
     privileged: bool = False
-    env: Annotated[list[str], BeforeValidator(_env_list)] = Field(default_factory=list)
-    replicas: list[ReplicaGroup]
-    port: int = 8000
-    model: str | dict[str, Any] | None = None
-    probes: list[Probe] = Field(default_factory=list)
-    volumes: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list, max_length=1024)
+    replicas: list[ReplicaGroup] = Field(min_length=1, max_length=16)
+    port: Port = 8000
+    model: (
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}$")]
+        | dict[str, Any]
+        | None
+    ) = None
+    probes: list[Probe] = Field(default_factory=list, max_length=8)
+    volumes: list[Annotated[str, AfterValidator(validate.volume)]] = Field(default_factory=list)
     router: Router | None = None
     resources: Resources | None = None
     pdctl: PdctlSettings = Field(default_factory=PdctlSettings)
@@ -337,34 +381,84 @@ class Env(BaseModel):
     secrets: list[str] = Field(default_factory=list)
 
 
-def resolve_env(
-    spec: Spec, path: Path, environ: Mapping[str, str], located: Located | None = None
-) -> Env:
+def _env_items(data: dict[str, Any], path: Path, located: Located) -> list[tuple[str, int | None]]:
+    """The env as written, ``KEY=VALUE`` or bare ``KEY``, each with its line.
+
+    A mapping's values are taken as their source text: YAML 1.1 would turn `yes` into True,
+    `010` into 8 and `1.10` into 1.1, and the worker must see what the file says.
+    """
+    raw = data.get("env")
+    if raw is None:
+        return []
+    items: list[tuple[str, int | None]] = []
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            loc = ("env", key)
+            if isinstance(value, dict | list):
+                raise SpecError(path, located.line_of(loc), f"env.{key}", "a value must be text")
+            text = None if value is None else located.source_text(loc)
+            items.append((str(key) if text is None else f"{key}={text}", located.line_of(loc)))
+        return items
+    if isinstance(raw, list):
+        for index, item in enumerate(raw):
+            if not isinstance(item, str):
+                raise SpecError(
+                    path,
+                    located.line_of(("env", index)),
+                    f"env[{index}]",
+                    "an item is KEY=VALUE (or a bare KEY), as text",
+                    hint='quote it: - "KEY=VALUE"',
+                )
+            items.append((item, located.line_of(("env", index))))
+        return items
+    raise SpecError(
+        path,
+        located.line_of(("env",)),
+        "env",
+        "a list of KEY=VALUE (or bare KEY) or a mapping",
+    )
+
+
+def resolve_env(items: list[tuple[str, int | None]], path: Path, environ: Mapping[str, str]) -> Env:
     """Split env into plain values and secrets (bare KEYs, taken from the caller's environment)."""
     env = Env()
-    for index, item in enumerate(spec.env):
-        line = located.line_of(("env", index)) if located else None
+    seen: dict[str, int] = {}
+    for index, (item, line) in enumerate(items):
+        field = f"env[{index}]"
         key, sep, value = item.partition("=")
-        if not _ENV_KEY.match(key):
-            raise SpecError(path, line, f"env[{index}]", f"{key!r} is not a variable name")
+        if not validate.ENV_NAME.match(key):
+            raise SpecError(path, line, field, f"{key!r} is not a variable name")
+        if key.startswith("PDCTL_"):
+            raise SpecError(path, line, field, f"{key}: PDCTL_ names are set by pdctl per slot")
+        if key in seen:
+            raise SpecError(
+                path,
+                line,
+                field,
+                f"{key} is set twice (first in env[{seen[key]}])",
+                hint="keep one: a bare KEY is a secret from your environment, KEY=VALUE plain",
+            )
+        seen[key] = index
         if not sep:
             if key not in environ:
                 raise SpecError(
                     path,
                     line,
-                    f"env[{index}]",
+                    field,
                     f"{key} is to be taken from your environment, but it is not set",
                     hint=f"export {key}=... before running pdctl",
                 )
             value = environ[key]
             env.secrets.append(key)
-        if "\n" in value or "\0" in value or "\r" in value:
+        bad = validate.control_char(value, allowed="\t")
+        if bad is not None:
+            what = f"your environment's {key}" if not sep else f"the value of {key}"
             raise SpecError(
                 path,
                 line,
-                f"env[{index}]",
-                f"the value of {key} has a newline or NUL "
-                "(refused: it would inject lines into the unit's environment file)",
+                field,
+                f"{what} holds {validate.describe_char(bad)} "
+                "(refused: it would break the worker's environment file into other lines)",
             )
         if sep:
             env.plain[key] = value
@@ -394,6 +488,10 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     if not isinstance(data, dict):
         raise SpecError(path, 1, None, "expected a mapping (a dstack service file)")
     ignored = _strip_ignored(data)
+    _check_text(data, path, located)
+    env_items = _env_items(data, path, located)
+    if "env" in data:
+        data["env"] = [item for item, _line in env_items]
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
@@ -409,8 +507,51 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
         raise SpecError(path, located.line_of(loc), _field(loc) or None, message) from exc
     spec.ignored = ignored
     _check_groups(spec, path, located)
-    _check_volumes(spec, path, located)
-    return spec, resolve_env(spec, path, environ, located)
+    _check_router(spec, path, located)
+    _check_ports(spec, path, located)
+    return spec, resolve_env(env_items, path, environ)
+
+
+def _allowed_controls(loc: tuple[str | int, ...]) -> str:
+    """Control characters a value may hold where it is used: a command is shell text (its
+    lines are the script's), an env value a line of an env file (a tab is fine)."""
+    if len(loc) == 4 and loc[0] == "replicas" and loc[2] == "commands":
+        return "\n\t"
+    if len(loc) == 2 and loc[0] == "env":
+        return "\t"
+    return ""
+
+
+def _check_text(data: dict[str, Any], path: Path, located: Located) -> None:
+    """No control character in any text but commands (nothing may start a new line in a
+    unit, an env file or a path), and every mapping key is text."""
+    for loc, text in validate.walk_strings(data):
+        bad = validate.control_char(text, allowed=_allowed_controls(loc))
+        if bad is not None:
+            raise SpecError(
+                path,
+                located.line_of(loc),
+                _field(loc),
+                f"holds {validate.describe_char(bad)}: refused (it could start a new line "
+                "in a unit or an environment file on the hosts)",
+            )
+    for loc, key in _non_text_keys(data):
+        raise SpecError(path, located.line_of(loc), _field(loc) or None, f"key {key!r} is not text")
+
+
+def _non_text_keys(
+    data: Any, loc: tuple[str | int, ...] = ()
+) -> list[tuple[tuple[str | int, ...], Any]]:
+    found: list[tuple[tuple[str | int, ...], Any]] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                found.append((loc, key))
+            found += _non_text_keys(value, (*loc, str(key)))
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            found += _non_text_keys(item, (*loc, index))
+    return found
 
 
 def _check_groups(spec: Spec, path: Path, located: Located) -> None:
@@ -474,30 +615,60 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
             )
 
 
-def _check_volumes(spec: Spec, path: Path, located: Located) -> None:
-    for index, volume in enumerate(spec.volumes):
-        parts = volume.split(":")
-        ok = (
-            len(parts) in {2, 3}
-            and parts[0].startswith("/")
-            and parts[1].startswith("/")
-            and (len(parts) == 2 or parts[2] in {"ro", "rw"})
+def _check_router(spec: Spec, path: Path, located: Located) -> None:
+    """The router group's `smg launch` flags are ones pdctl can pass to SMG as they are."""
+    for index, group in enumerate(spec.replicas):
+        if group.role != "router":
+            continue
+        line = launch_line(group.commands)
+        if line is None:
+            continue
+        number = group.commands.index(line)
+        try:
+            kept_flags(line)
+        except RouterFlagError as exc:
+            loc = ("replicas", index, "commands", number)
+            raise SpecError(path, located.line_of(loc), _field(loc), str(exc)) from exc
+
+
+def _check_ports(spec: Spec, path: Path, located: Located) -> None:
+    """Slots within bounds, and the listeners every deploy has apart (the placement checks
+    each host's own: pdctl/plan.py)."""
+    slots = sum(spec.group(role).count[1] for role in ("prefill", "decode"))
+    if slots > MAX_SLOTS:
+        raise SpecError(
+            path,
+            located.line_of(("replicas",)),
+            "replicas",
+            f"{slots} prefill and decode replicas at most: pdctl plans up to {MAX_SLOTS}",
+            hint="lower the groups' max counts",
         )
-        if not ok:
+    listeners = {
+        "port": spec.port,
+        "pdctl.router.metrics_port": spec.pdctl.router.metrics_port,
+        "pdctl.ports.base": spec.pdctl.ports.base,
+        "pdctl.ports.bootstrap_base": spec.pdctl.ports.bootstrap_base,
+    }
+    seen: dict[int, str] = {}
+    for field, number in listeners.items():
+        if number in seen:
+            loc = tuple(field.split("."))
             raise SpecError(
                 path,
-                located.line_of(("volumes", index)),
-                f"volumes[{index}]",
-                f"{volume!r}: use /host/path:/container/path[:ro]",
-                hint="bare metal has no network volumes: mount host paths",
+                located.line_of(loc),
+                field,
+                f"port {number} is also {seen[number]}: two listeners cannot share a port",
             )
+        seen[number] = field
 
 
 def load(path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]:
     try:
-        text = path.read_text()
+        text = read_text_capped(path)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}", hint="check the path") from exc
+    except YamlError as exc:
+        raise SpecError(path, exc.line, None, str(exc)) from exc
     return parse(text, path, environ)
 
 

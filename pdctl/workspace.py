@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdctl import validate
+from pdctl.errors import InputError
+
 
 @dataclass(frozen=True)
 class Workspace:
@@ -30,9 +33,15 @@ class Workspace:
         return self.state / "services"
 
     def fleet_dir(self, name: str) -> Path:
+        if not validate.FLEET_NAME.match(name):  # a name, never a path
+            raise InputError(f"bad fleet name {name!r}", hint=f"use {validate.FLEET_NAME_RULE}")
         return self.inventories / name
 
     def service_dir(self, name: str) -> Path:
+        if not validate.SERVICE_NAME.match(name):
+            raise InputError(
+                f"bad service name {name!r}", hint=f"use {validate.SERVICE_NAME_RULE}"
+            )
         return self.services / name
 
 
