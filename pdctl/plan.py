@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.inventory import Fleet, FleetHost
 from pdctl.router_flags import kept_flags, launch_line
@@ -167,35 +168,6 @@ def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def _rewrite_flag(text: str, flag: str, value: str) -> str:
-    """Set ``flag``'s value in a command (added when absent)."""
-    pattern = re.compile(rf"({re.escape(flag)})(=|\s+)(\S+)")
-    if pattern.search(text):
-        return pattern.sub(lambda m: f"{m[1]}{m[2]}{value}", text)
-    return text.rstrip().rstrip("\\").rstrip() + f" {flag} {value}"
-
-
-def worker_script(group: ReplicaGroup, role: WorkerRole) -> str:
-    """The group's commands as the container's shell script, wired to the slot's ports."""
-    lines = ["set -e"]
-    for command in group.commands:
-        line = command
-        if "launch_server" in line:
-            line = _rewrite_flag(line, "--port", "$PDCTL_PORT")
-            if "--host" not in line:
-                line = _rewrite_flag(line, "--host", "$PDCTL_HOST")
-            if role == "prefill":
-                line = _rewrite_flag(
-                    line, "--disaggregation-bootstrap-port", "$PDCTL_BOOTSTRAP_PORT"
-                )
-        lines.append(line.rstrip())
-    # The last command replaces the shell: it becomes the container's PID 1 and gets the
-    # SIGTERM of a stop, so SGLang drains (a shell as PID 1 would ignore it).
-    if not lines[-1].lstrip().startswith("exec "):
-        lines[-1] = "exec " + lines[-1].lstrip()
-    return "\n".join(lines) + "\n"
-
-
 def router_args(spec: Spec) -> list[str]:
     """The router group's `smg launch` flags that pdctl keeps (policies, timeouts, ...)."""
     router = next((g for g in spec.replicas if g.role == "router"), None)
@@ -300,7 +272,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         per_replica = gpu.count if gpu else 1
         low, high = group.count
         image = group.image or spec.image
-        script = worker_script(group, role)
+        script = worker_script(group.commands, role)
         groups[role] = GroupPlan(
             role=role,
             min=low,

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from pdctl import validate
+from pdctl.commands import CommandError, worker_script
 from pdctl.errors import InputError
 from pdctl.router_flags import RouterFlagError, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
@@ -508,6 +509,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     spec.ignored = ignored
     _check_groups(spec, path, located)
     _check_router(spec, path, located)
+    _check_commands(spec, path, located)
     _check_ports(spec, path, located)
     return spec, resolve_env(env_items, path, environ)
 
@@ -629,6 +631,23 @@ def _check_router(spec: Spec, path: Path, located: Located) -> None:
         except RouterFlagError as exc:
             loc = ("replicas", index, "commands", number)
             raise SpecError(path, located.line_of(loc), _field(loc), str(exc)) from exc
+
+
+def _check_commands(spec: Spec, path: Path, located: Located) -> None:
+    """Each worker group's commands make a script pdctl can wire to a slot's ports."""
+    for index, group in enumerate(spec.replicas):
+        role = group.role
+        if role not in {"prefill", "decode"}:
+            continue
+        try:
+            worker_script(group.commands, role)
+        except CommandError as exc:
+            loc: tuple[str | int, ...] = ("replicas", index, "commands")
+            if exc.index is not None:
+                loc = (*loc, exc.index)
+            raise SpecError(
+                path, located.line_of(loc), _field(loc), exc.problem, hint=exc.hint
+            ) from exc
 
 
 def _check_ports(spec: Spec, path: Path, located: Located) -> None:

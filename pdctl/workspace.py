@@ -39,9 +39,7 @@ class Workspace:
 
     def service_dir(self, name: str) -> Path:
         if not validate.SERVICE_NAME.match(name):
-            raise InputError(
-                f"bad service name {name!r}", hint=f"use {validate.SERVICE_NAME_RULE}"
-            )
+            raise InputError(f"bad service name {name!r}", hint=f"use {validate.SERVICE_NAME_RULE}")
         return self.services / name
 
 

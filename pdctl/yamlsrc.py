@@ -262,7 +262,10 @@ def _check_size(text: str, limit: int) -> None:
 
 def _load(text: str, *, limit: int, lenient: bool) -> Located:
     _check_size(text, limit)
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses unprintable characters at once
+    except yaml.YAMLError as exc:
+        raise YamlError(f"not valid YAML: {exc}".replace("\n", " "), None) from exc
     try:
         node = _compose(loader)
         if node is None:

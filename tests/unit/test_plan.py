@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed
 from pdctl.inventory import Fleet, FleetHost, Preflight
 from pdctl.plan import (
@@ -15,7 +16,6 @@ from pdctl.plan import (
     build,
     plan_from_extravars,
     router_args,
-    worker_script,
 )
 from pdctl.spec import load, parse
 
@@ -147,17 +147,17 @@ def test_plan_is_deterministic() -> None:
 
 def test_worker_script_uses_the_slot_ports() -> None:
     spec, _ = lab_spec()
-    prefill = worker_script(spec.group("prefill"), "prefill")
+    prefill = worker_script(spec.group("prefill").commands, "prefill")
     assert "--port $PDCTL_PORT" in prefill and "--port 8000" not in prefill
     assert "--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT" in prefill
-    decode = worker_script(spec.group("decode"), "decode")
+    decode = worker_script(spec.group("decode").commands, "decode")
     assert "bootstrap-port" not in decode and decode.startswith("set -e\nexec python3 -m sglang")
 
 
 def test_missing_flags_are_added() -> None:
     text = (REPO / "tests/data/dstack-pd.yml").read_text().replace("--host 0.0.0.0 \\\n", "")
     spec, _ = parse(text, Path("x.yml"), ENV)
-    script = worker_script(spec.group("decode"), "decode")
+    script = worker_script(spec.group("decode").commands, "decode")
     assert "--host $PDCTL_HOST" in script and "--port $PDCTL_PORT" in script
 
 
