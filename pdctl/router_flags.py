@@ -47,6 +47,11 @@ def launch_line(commands: list[str]) -> str | None:
 
 
 def _words(line: str) -> list[str]:
+    if "\n" in line.replace("\\\n", " ").strip():
+        raise RouterFlagError(
+            "the router's launch line holds a line break: write `smg launch ...` as one "
+            "command (continue long lines with a trailing backslash)"
+        )
     try:
         lexer = shlex.shlex(line.replace("\\\n", " "), posix=True, punctuation_chars=";&|<>")
         lexer.whitespace_split = True

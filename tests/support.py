@@ -149,3 +149,35 @@ def start_lab(home: Path, hosts: int, cpu_hosts: int) -> Lab:
     home.mkdir(parents=True, exist_ok=True)
     pdctl(home, "lab", "up", "--hosts", str(hosts), "--cpu-hosts", str(cpu_hosts))
     return Lab(home)
+
+
+PREFILL_LAUNCH = (
+    "      - |\n        python3 -m sglang.launch_server \\\n"
+    "          --model-path $MODEL_ID \\\n          --disaggregation-mode prefill"
+)
+
+
+def template_text(canary: Path) -> dict[str, str]:
+    """Values a template engine would act on: a lookup that would create ``canary`` on the
+    machine rendering it, a Jinja comment opener, dstack's own secret syntax."""
+    lookup = f"{{{{ lookup('pipe', 'touch {canary}') }}}}"
+    return {
+        "env_jinja": f"JINJA={lookup}",
+        "env_shell": "SHELLISH=${#ARR[@]} ${{ secrets.X }}",
+        "command": f": '${{#ARR[@]}}' \"{lookup}\"",
+    }
+
+
+def with_template_text(spec_text: str, canary: Path) -> str:
+    """The lab spec with template_text() in its env and as a prefill command (a no-op `:`)."""
+    values = template_text(canary)
+
+    def quoted(text: str) -> str:  # a YAML single-quoted scalar
+        return "'" + text.replace("'", "''") + "'"
+
+    env = "".join(f"  - {quoted(values[k])}\n" for k in ("env_jinja", "env_shell"))
+    assert "  - MC_GID_INDEX=3\n" in spec_text and PREFILL_LAUNCH in spec_text
+    text = spec_text.replace("  - MC_GID_INDEX=3\n", "  - MC_GID_INDEX=3\n" + env)
+    return text.replace(
+        PREFILL_LAUNCH, f"      - {quoted(values['command'])}\n" + PREFILL_LAUNCH, 1
+    )

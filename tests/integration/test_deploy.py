@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, pdctl, pdctl_json, private_tmp, require_lab, start_lab
+from tests.support import (
+    Lab,
+    pdctl,
+    pdctl_json,
+    private_tmp,
+    require_lab,
+    start_lab,
+    template_text,
+    with_template_text,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -32,6 +41,8 @@ class Service:
     lab: Lab
     token: str
     env: dict[str, str]
+    spec: Path  # the lab example with template text in its env and a command
+    canary: Path  # created only if the controller rendered that text as a template
     outputs: list[str] = field(default_factory=list)
     endpoint: str | None = None
 
@@ -102,14 +113,17 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     lab = start_lab(home, hosts=3, cpu_hosts=1)
     pdctl(home, *lab.status()["fleet_add"].split()[1:])
     token = f"hf_{uuid.uuid4().hex}"
-    service = Service(lab=lab, token=token, env={"HF_TOKEN": token})
+    canary = home / "controller-ran-a-lookup"
+    spec = home / "pd.yml"
+    spec.write_text(with_template_text(SPEC.read_text(), canary))
+    service = Service(lab=lab, token=token, env={"HF_TOKEN": token}, spec=spec, canary=canary)
     yield service
     pdctl(home, "destroy", SERVICE, "-y", env=service.env, check=False)
     pdctl(home, "lab", "down")
 
 
 def test_dry_run_changes_nothing(svc: Service) -> None:
-    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "--dry-run")
+    doc = svc.json("deploy", str(svc.spec), "--fleet", "lab", "--dry-run")
     assert doc["dry_run"] is True and doc["changes"][0].startswith("+ new service pdlab")
     units = svc.lab.ssh("node2", "ls /etc/systemd/system | grep '^pd-' || true").stdout
     assert units.strip() == ""  # a dry run changes no host
@@ -117,13 +131,26 @@ def test_dry_run_changes_nothing(svc: Service) -> None:
 
 
 def test_deploy_serves_a_chat_request_through_the_router(svc: Service) -> None:
-    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    doc = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
     assert doc["changed_hosts"] and doc["endpoint"].endswith(":8000")
     status, body = svc.chat("hello there", svc.api_key())
     assert status == 200
     answer = body["choices"][0]["message"]["content"]
     assert answer.startswith("[decode ") and "hello there" in answer  # the decode worker answered
     assert svc.chat("no key", None)[0] == 401
+
+
+def test_template_text_reaches_the_hosts_as_written(svc: Service) -> None:
+    """The dry run and the deploy rendered none of the spec's text on the controller; the
+    hosts hold it exactly as written."""
+    assert not svc.canary.exists()
+    values = template_text(svc.canary)
+    node = svc.node(svc.status()["groups"]["prefill"]["replicas"][0]["host"])
+    conf = f"/etc/pdctl/{SERVICE}"
+    service_env = svc.lab.ssh(node, f"cat {conf}/service.env", user="root").stdout.splitlines()
+    assert values["env_jinja"] in service_env and values["env_shell"] in service_env
+    script = svc.lab.ssh(node, f"cat {conf}/prefill.sh", user="root").stdout.splitlines()
+    assert values["command"] in script
 
 
 def test_status_reads_everything_live(svc: Service) -> None:
@@ -142,12 +169,12 @@ def test_status_reads_everything_live(svc: Service) -> None:
 
 def test_redeploy_is_a_no_op(svc: Service) -> None:
     started = time.monotonic()
-    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    doc = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
     assert doc["changes"] == [] and doc["changed_hosts"] == [] and doc["rolled"] == []
     assert doc["converged"] is False and doc["drift"] == []  # the quick check decided
-    assert "no changes" in svc.pdctl("deploy", str(SPEC), "--fleet", "lab", "-y").stdout
+    assert "no changes" in svc.pdctl("deploy", str(svc.spec), "--fleet", "lab", "-y").stdout
     assert time.monotonic() - started < 300
-    forced = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y", "--converge")
+    forced = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y", "--converge")
     assert forced["converged"] is True and forced["changed_hosts"] == []
 
 
@@ -157,9 +184,9 @@ def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
     decode_host = next(r for r in svc.status()["groups"]["decode"]["replicas"] if r["slot"] == 1)
     node = svc.node(decode_host["host"])
     svc.lab.ssh(node, f"echo EDITED=by-hand >> {env}; systemctl disable {unit}", user="root")
-    dry = svc.json("deploy", str(SPEC), "--fleet", "lab", "--dry-run")
+    dry = svc.json("deploy", str(svc.spec), "--fleet", "lab", "--dry-run")
     assert dry["converged"] is True and dry["dry_run"] is True
-    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    doc = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
     assert doc["converged"] is True
     assert f"{decode_host['host']}: {env} changed since the last deploy" in doc["drift"]
     assert f"{decode_host['host']}: {unit} is disabled, not enabled" in doc["drift"]
@@ -168,7 +195,7 @@ def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
         node, f"grep -c EDITED {env}; systemctl is-enabled {unit}", user="root", check=False
     ).stdout.split()
     assert repaired == ["0", "enabled"]
-    again = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    again = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
     assert again["converged"] is False
 
 
@@ -187,7 +214,7 @@ def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
             svc.lab.home,
             "--json",
             "deploy",
-            str(SPEC),
+            str(svc.spec),
             "--fleet",
             "lab",
             "-y",
@@ -197,7 +224,7 @@ def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
         assert doc["converged"] is True and rotated not in proc.stdout + proc.stderr
         assert on_host(rotated) == "1"
     finally:
-        back = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+        back = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
     assert back["converged"] is True and on_host(svc.token) == "1"
 
 
@@ -305,7 +332,8 @@ def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Pa
         assert time.monotonic() < deadline, svc.status()
         time.sleep(1)
     changed = tmp_path / "pd.yml"
-    changed.write_text(SPEC.read_text().replace("sglang-rocm:0.5.4-lab", "sglang-rocm:0.5.5-lab"))
+    image = ("sglang-rocm:0.5.4-lab", "sglang-rocm:0.5.5-lab")
+    changed.write_text(svc.spec.read_text().replace(*image))
     plan = svc.json("plan", str(changed), "--fleet", "lab")
     assert any("rolling update" in line for line in plan["changes"])
     client = Client(svc, svc.api_key())

@@ -23,11 +23,19 @@ from typing import Any
 
 import jinja2
 import pytest
-import yaml
 
 from pdctl import inventory, plan, spec
+from pdctl.ansible_data import unsafe_yaml
+from pdctl.deploy import write_plan_file
 from pdctl.workspace import Workspace
-from tests.support import Lab, pdctl, require_lab, start_lab
+from tests.support import (
+    Lab,
+    pdctl,
+    require_lab,
+    start_lab,
+    template_text,
+    with_template_text,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -63,6 +71,7 @@ class Deployment:
     token: str  # the HF_TOKEN value: unique, so that finding it anywhere means it leaked
     plan: dict[str, Any]
     plan_file: Path
+    canary: Path  # created only if the controller rendered the spec's text as a template
     router: str  # node name
     router_address: str
     workers: list[str]  # node names
@@ -208,11 +217,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     try:
         pdctl(home, *lab.status()["fleet_add"].split()[1:])
         token = f"hf_{uuid.uuid4().hex}"
-        the_spec, env = spec.load(SPEC, {"HF_TOKEN": token})
+        # Template text in the spec (an env value, a command) must reach the hosts as written.
+        canary = home / "controller-ran-a-lookup"
+        spec_file = home / "pd.yml"
+        spec_file.write_text(with_template_text(SPEC.read_text(), canary))
+        the_spec, env = spec.load(spec_file, {"HF_TOKEN": token})
         fleet = inventory.load(Workspace(home), "lab")
-        extravars = plan.build(the_spec, env, fleet).extravars()
+        planned = plan.build(the_spec, env, fleet)
+        extravars = planned.extravars()
         plan_file = home / "plan.yml"
-        plan_file.write_text(yaml.safe_dump(extravars, sort_keys=False))
+        write_plan_file(planned, plan_file)  # what `pdctl plan -o` writes for a pipeline
         hosts = {h["name"]: h for h in lab.status()["hosts"]}
         nodes = {h["address"]: name for name, h in hosts.items()}
         yield Deployment(
@@ -222,6 +236,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             token=token,
             plan=extravars,
             plan_file=plan_file,
+            canary=canary,
             router=nodes[extravars["pd_router_host"]],
             router_address=extravars["pd_router"]["address"],
             workers=[nodes[h] for h in extravars["pd_worker_hosts"]],
@@ -262,6 +277,17 @@ def test_check_mode_on_the_converged_fleet_changes_nothing(deployment: Deploymen
     run = deployment.playbook("deploy.yml", "--check", "--diff")
     _ok(run)
     assert set(_changed(run).values()) == {0}, run.output[-4000:]
+
+
+def test_template_text_reaches_the_hosts_as_written(deployment: Deployment) -> None:
+    """A plain ansible-playbook run on `pdctl plan -o`'s file renders none of the spec's text:
+    the controller ran no lookup, and the env file and script hold the text unchanged."""
+    assert not deployment.canary.exists()
+    values = template_text(deployment.canary)
+    node = deployment.nodes[deployment.slots("prefill")[0]["host"]]
+    service_env = deployment.root(node, f"cat {CONF}/service.env").splitlines()
+    assert values["env_jinja"] in service_env and values["env_shell"] in service_env
+    assert values["command"] in deployment.root(node, f"cat {CONF}/prefill.sh").splitlines()
 
 
 def test_planned_slots_run_and_the_others_do_not(deployment: Deployment) -> None:
@@ -438,7 +464,7 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
     changed["pd_groups"]["prefill"]["image"] = NEW_IMAGE
     changed["pd_groups"]["prefill"]["config"] = new_config = uuid.uuid4().hex[:12]
     changed_file = deployment.plan_file.with_name("plan-changed.yml")
-    changed_file.write_text(yaml.safe_dump(changed, sort_keys=False))
+    changed_file.write_text(unsafe_yaml(changed))  # as `pdctl plan -o` writes it
     prefills = [
         (deployment.nodes[s["host"]], f"pd-{SERVICE}-prefill-{s['index']}", s["unit"])
         for s in deployment.slots("prefill")
