@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pdctl import validate
+from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import InputError, NotFound
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace, write_atomic
@@ -162,8 +163,9 @@ def _sort_key(name: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-def _dump(path: Path, doc: dict[str, Any], header: str) -> None:
-    text = f"---\n# {header}\n" + dump_text(doc)
+def _dump(path: Path, doc: dict[str, Any], header: str, *, untrusted: bool = False) -> None:
+    """``untrusted``: the values came from a host; Ansible must never render them."""
+    text = f"---\n# {header}\n" + (unsafe_yaml(doc) if untrusted else dump_text(doc))
     if not path.exists() or path.read_text() != text:
         write_atomic(path, text)
 
@@ -226,7 +228,8 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
             doc["pd_facts"] = host.facts
         if host.preflight is not None:
             doc["pd_preflight"] = host.preflight.model_dump()
-        _dump(host_vars / f"{host.name}.yml", doc, f"{host.name}: facts and last preflight (pdctl)")
+        header = f"{host.name}: facts and last preflight (pdctl)"
+        _dump(host_vars / f"{host.name}.yml", doc, header, untrusted=True)
         keep.add(f"{host.name}.yml")
     if host_vars.is_dir():
         for stale in host_vars.glob("*.yml"):
