@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl import drift, inventory, runner
+from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
@@ -232,7 +233,8 @@ def apply(
     failures = summary.failures()
     unreachable = summary.unreachable()
     if unreachable or failures or summary.rc != 0:
-        details = [f"{h}: unreachable ({m})" for h, m in unreachable.items()]
+        fleet = inventory.load(workspace, plan.fleet)
+        details = [fleets.unreachable_reason(fleet, h, m) for h, m in unreachable.items()]
         details += [f"{h}: {r.task}: {r.message[:300]}" for h, r in failures.items()]
         raise HostError(
             "deploy failed: " + ("; ".join(details) or f"ansible-playbook exited {summary.rc}"),
