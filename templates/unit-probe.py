@@ -2,7 +2,9 @@
 # Prints one JSON line: {"status": HTTP status of URL (0: no answer), "state": the unit's
 # ActiveState, "restarts": its NRestarts, "journal": its last lines when not healthy}.
 # The roles wait on it until status is 200 or systemd gave up on the unit (state failed),
-# and report state, restarts and journal when a unit never became healthy.
+# and report state, restarts and journal when a unit never became healthy. The journal is
+# what the unit's own processes wrote (_SYSTEMD_UNIT=), not systemd's lines about it: the
+# state and restart count already say those.
 import json
 import subprocess
 import sys
@@ -23,7 +25,7 @@ shown = subprocess.run(
 ).stdout
 props = dict(line.partition("=")[::2] for line in shown.splitlines())
 journal = "" if status == 200 else subprocess.run(
-    ["journalctl", "--unit", unit, "--lines", "15", "--no-pager", "--output", "cat"],
+    ["journalctl", f"_SYSTEMD_UNIT={unit}", "--lines", "15", "--no-pager", "--output", "cat"],
     capture_output=True, text=True, check=False,
 ).stdout
 print(json.dumps({
