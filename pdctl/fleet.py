@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl import hardware, inventory, runner, ssh, validate
+from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
 from pdctl.inventory import Fleet, FleetHost, FleetSettings, Preflight
 from pdctl.plan import Plan
@@ -462,17 +463,20 @@ def failure(doc: dict[str, Any]) -> CheckFailed | None:
     )
 
 
-def _stored_plans(workspace: Workspace) -> dict[str, Plan | str]:
-    """Each service deployed from the workspace: its stored plan, or why it is unreadable."""
-    found: dict[str, Plan | str] = {}
+def _stored_plans(workspace: Workspace) -> list[tuple[str, Plan | str]]:
+    """Each service deployed from the workspace with each of its plans (the last applied,
+    and that of a deploy that did not complete), or why a plan is unreadable."""
+    found: list[tuple[str, Plan | str]] = []
     root = workspace.services
     if not root.is_dir():
         return found
-    for path in sorted(root.glob("*/plan.json")):
+    names = (services.PLAN, services.APPLYING)
+    for path in sorted(p for name in names for p in root.glob(f"*/{name}")):
         try:
-            found[path.parent.name] = Plan.model_validate_json(path.read_text())
+            found.append((path.parent.name, Plan.model_validate_json(path.read_text())))
         except (OSError, ValueError) as exc:
-            found[path.parent.name] = f"{path} is unreadable: {' '.join(str(exc).split())[:200]}"
+            reason = f"{path} is unreadable: {' '.join(str(exc).split())[:200]}"
+            found.append((path.parent.name, reason))
     return found
 
 
@@ -487,18 +491,18 @@ def _uses(plan: Plan) -> dict[str, list[str]]:
 
 def placements(workspace: Workspace, fleet: str) -> dict[str, list[str]]:
     """Service -> the fleet hosts it uses (router or slots; from each service's stored plan)."""
-    return {
-        service: sorted(_uses(plan))
-        for service, plan in _stored_plans(workspace).items()
-        if isinstance(plan, Plan) and plan.fleet == fleet
-    }
+    found: dict[str, set[str]] = {}
+    for service, plan in _stored_plans(workspace):
+        if isinstance(plan, Plan) and plan.fleet == fleet:
+            found.setdefault(service, set()).update(_uses(plan))
+    return {service: sorted(hosts) for service, hosts in found.items()}
 
 
 def _refuse_in_use(workspace: Workspace, fleet: str, hosts: set[str]) -> None:
     """CheckFailed naming each service with its router or a slot on one of these hosts (and
     each service whose plan cannot be read: it may have)."""
     found = []
-    for service, plan in _stored_plans(workspace).items():
+    for service, plan in _stored_plans(workspace):
         if not isinstance(plan, Plan):
             found.append(f"cannot tell what service {service} uses: {plan}")
         elif plan.fleet == fleet:

@@ -1,20 +1,24 @@
 """A deployed service: its stored plan, and live handles to its hosts and router.
 
 ``.pdctl/services/<name>/plan.json`` is the plan last applied (written only
-after a successful deploy). Everything else (unit states, registrations,
-metrics) is read live.
+after a successful deploy); ``applying.json`` the plan of a deploy that started
+changing hosts and has not completed (it failed, was interrupted, or still runs).
+Everything else (unit states, registrations, metrics) is read live.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pdctl import inventory, ssh
-from pdctl.errors import HostError, NotFound
+from pdctl.errors import HostError, InputError, NotFound
 from pdctl.inventory import Fleet
 from pdctl.plan import Plan
 from pdctl.router import Router
@@ -22,35 +26,96 @@ from pdctl.scaler.act import Actuator
 from pdctl.workspace import Workspace, write_atomic
 
 ROUTER_ENV = "/etc/pdctl/{service}/router.env"
+PLAN = "plan.json"  # the last deploy that completed
+APPLYING = "applying.json"  # a deploy that started and has not completed
+LOCK = "deploy.lock"
 
 
 def state_dir(workspace: Workspace, name: str) -> Path:
     return workspace.service_dir(name)
 
 
+def _read(path: Path) -> Plan | None:
+    return Plan.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def stored_plan(workspace: Workspace, name: str) -> Plan | None:
+    """The plan of the last deploy that completed."""
+    return _read(state_dir(workspace, name) / PLAN)
+
+
+def applying_plan(workspace: Workspace, name: str) -> Plan | None:
+    """The plan of a deploy that started and has not completed (running, failed or killed)."""
+    return _read(state_dir(workspace, name) / APPLYING)
+
+
+def plans(workspace: Workspace, name: str) -> list[Plan]:
+    """Every plan that may have changed hosts for the service: the applying one first."""
+    found = [p for p in (applying_plan(workspace, name), stored_plan(workspace, name)) if p]
+    return [p for i, p in enumerate(found) if p not in found[:i]]
+
+
 def load_plan(workspace: Workspace, name: str) -> Plan:
-    path = state_dir(workspace, name) / "plan.json"
-    if not path.is_file():
-        known = (
-            sorted(p.parent.name for p in workspace.services.glob("*/plan.json"))
-            if (workspace.services.is_dir())
-            else []
+    """The service's newest plan: a deploy's that did not complete, else the last applied."""
+    found = plans(workspace, name)
+    if not found:
+        known = sorted(
+            {
+                p.parent.name
+                for pattern in (PLAN, APPLYING)
+                for p in workspace.services.glob(f"*/{pattern}")
+            }
+            if workspace.services.is_dir()
+            else set()
         )
         raise NotFound(
             f"no service named {name!r} is deployed from this workspace",
             hint=f"services: {', '.join(known) or 'none'}; `pdctl deploy pd.yml --fleet F`",
         )
-    return Plan.model_validate_json(path.read_text())
-
-
-def stored_plan(workspace: Workspace, name: str) -> Plan | None:
-    path = state_dir(workspace, name) / "plan.json"
-    return Plan.model_validate_json(path.read_text()) if path.is_file() else None
+    return found[0]
 
 
 def save_plan(workspace: Workspace, plan: Plan) -> None:
     text = json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    write_atomic(state_dir(workspace, plan.service) / "plan.json", text)
+    write_atomic(state_dir(workspace, plan.service) / PLAN, text)
+
+
+RecordState = Literal["applied", "applying", "failed"]
+
+
+@contextmanager
+def applying(workspace: Workspace, plan: Plan) -> Iterator[None]:
+    """Around a deploy that changes hosts: the plan is recorded as applying before any host
+    changes, and stays so if the deploy fails, is interrupted or pdctl is killed, so that
+    `status` shows it and `destroy` can undo it. A lock tells a deploy still running from
+    one that died (the kernel drops it with the process)."""
+    directory = state_dir(workspace, plan.service)
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(
+                f"another pdctl is deploying {plan.service} from this workspace",
+                hint="wait for it to finish",
+            ) from None
+        text = json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        write_atomic(directory / APPLYING, text)
+        yield
+        (directory / APPLYING).unlink()
+
+
+def record_state(workspace: Workspace, name: str) -> RecordState:
+    directory = state_dir(workspace, name)
+    if not (directory / APPLYING).is_file():
+        return "applied"
+    with (directory / LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "applying"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return "failed"
 
 
 def forget(workspace: Workspace, name: str) -> None:
@@ -69,6 +134,7 @@ class Handle:
     targets: dict[str, ssh.Target]
     router: Router
     actuator: Actuator
+    router_problem: str | None = None  # why the router's API key could not be read
 
 
 def _api_key(pool: ssh.Pool, target: ssh.Target, service: str) -> str:
@@ -86,9 +152,11 @@ def _api_key(pool: ssh.Pool, target: ssh.Target, service: str) -> str:
 
 @contextmanager
 def open_handle(
-    workspace: Workspace, plan: Plan, *, log: ssh.Log | None = None
+    workspace: Workspace, plan: Plan, *, log: ssh.Log | None = None, need_key: bool = True
 ) -> Iterator[Handle]:
-    """Pooled SSH to the plan's hosts and a router client through the router host."""
+    """Pooled SSH to the plan's hosts and a router client through the router host.
+    ``need_key=False``: a router whose API key cannot be read (a deploy that failed before
+    installing it) gives a client without one, and the reason in ``router_problem``."""
     fleet = inventory.load(workspace, plan.fleet)
     pool = ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
     targets = {}
@@ -101,7 +169,13 @@ def open_handle(
         targets[name] = inventory.target(fleet, host)
     try:
         router_target = targets[plan.router.host]
-        key = _api_key(pool, router_target, plan.service)
+        key, problem = None, None
+        try:
+            key = _api_key(pool, router_target, plan.service)
+        except HostError as exc:
+            if need_key:
+                raise
+            problem = exc.message
         router = Router(
             plan.router.address,
             plan.router.port,
@@ -115,7 +189,15 @@ def open_handle(
             pool=pool,
             targets=targets,
             router=router,
-            actuator=Actuator(plan, pool, targets, router, log=log),
+            router_problem=problem,
+            actuator=Actuator(
+                plan,
+                pool,
+                targets,
+                router,
+                log=log,
+                secrets=[os.environ.get(name, "") for name in plan.secret_names],
+            ),
         )
     finally:
         pool.close()
