@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import inventory, ssh
+from pdctl import inventory, ssh, validate
 from pdctl.errors import HostError, NotFound
 from pdctl.inventory import Fleet
 from pdctl.plan import Plan
@@ -28,17 +28,24 @@ def state_dir(workspace: Workspace, name: str) -> Path:
     return workspace.service_dir(name)
 
 
+def names(workspace: Workspace) -> list[str]:
+    """The services deployed from this workspace (those with a stored plan)."""
+    if not workspace.services.is_dir():
+        return []
+    return sorted(
+        p.parent.name
+        for p in workspace.services.glob("*/plan.json")
+        if validate.SERVICE_NAME.fullmatch(p.parent.name)
+    )
+
+
 def load_plan(workspace: Workspace, name: str) -> Plan:
     path = state_dir(workspace, name) / "plan.json"
     if not path.is_file():
-        known = (
-            sorted(p.parent.name for p in workspace.services.glob("*/plan.json"))
-            if (workspace.services.is_dir())
-            else []
-        )
         raise NotFound(
             f"no service named {name!r} is deployed from this workspace",
-            hint=f"services: {', '.join(known) or 'none'}; `pdctl deploy pd.yml --fleet F`",
+            hint=f"services: {', '.join(names(workspace)) or 'none'}; "
+            "`pdctl deploy pd.yml --fleet F`",
         )
     return Plan.model_validate_json(path.read_text())
 
