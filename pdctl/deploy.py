@@ -13,10 +13,12 @@ import io
 import os
 import tarfile
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from pdctl import drift, inventory, runner, sharing
+from pdctl import drift, inventory, runner, sharing, unhealthy
+from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
@@ -25,6 +27,7 @@ from pdctl.scaler import control
 from pdctl.scaler.act import Actuator, SlotState
 from pdctl.scaler.setup import handle_store
 from pdctl.spec import Env, Spec, load
+from pdctl.unhealthy import Unhealthy
 from pdctl.versions import scaler_requirements
 from pdctl.workspace import Workspace, cache_dir
 
@@ -252,40 +255,54 @@ def apply(
             return doc
         for reason in doc["drift"][:10]:
             progress(f"converging: {reason}")
-    if not dry_run:
-        drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
-    summary = runner.run_playbook(
-        "deploy.yml",
-        fleet_dir,
-        extravars=extravars,
-        forks=min(100, max(5, len(plan.hosts()))),
-        check=dry_run,
-        diff=dry_run,
-        progress=progress,
-        verbosity=verbosity,
-    )
+    # Recorded as applying before any host changes: a failure, Ctrl-C or kill leaves the
+    # record, which `status` shows and `destroy` undoes.
+    with nullcontext() if dry_run else services.applying(workspace, plan):
+        if not dry_run:
+            drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
+        summary = runner.run_playbook(
+            "deploy.yml",
+            fleet_dir,
+            extravars=extravars,
+            forks=min(100, max(5, len(plan.hosts()))),
+            check=dry_run,
+            diff=dry_run,
+            progress=progress,
+            verbosity=verbosity,
+        )
+        _raise_failures(workspace, plan, summary)
+        doc["converged"] = True
+        doc["changed_hosts"] = summary.changed_hosts()
+        if not dry_run:
+            with services.open_handle(workspace, plan, log=progress) as handle:
+                # One read of every host serves both the roll (slot states) and the record (files:
+                # a roll starts and stops units, it writes none).
+                observed = drift.observe(handle, key)
+                states = {name: st for o in observed.values() for name, st in o.states.items()}
+                every_host_read = all(not o.error for o in observed.values())
+                doc["rolled"] = _roll(handle, progress, states if every_host_read else None)
+                services.save_plan(workspace, plan)
+                drift.save_record(workspace, plan.service, inputs, observed)
+    return doc
+
+
+def _raise_failures(workspace: Workspace, plan: Plan, summary: runner.RunSummary) -> None:
+    """A failed run's error: units that never became healthy with their own last log lines
+    (secrets masked), else each host's first failed task."""
+    units = unhealthy.from_run(summary, drift.secret_values(plan).values())
+    hint = f"fix the cause and re-run `pdctl deploy`, or undo with `pdctl destroy {plan.service}`"
+    if units:
+        raise unhealthy.UnhealthyUnits("deploy failed", units, hint=hint)
     failures = summary.failures()
     unreachable = summary.unreachable()
     if unreachable or failures or summary.rc != 0:
-        details = [f"{h}: unreachable ({m})" for h, m in unreachable.items()]
+        fleet = inventory.load(workspace, plan.fleet)
+        details = [fleets.unreachable_reason(fleet, h, m) for h, m in unreachable.items()]
         details += [f"{h}: {r.task}: {r.message[:300]}" for h, r in failures.items()]
         raise HostError(
             "deploy failed: " + ("; ".join(details) or f"ansible-playbook exited {summary.rc}"),
-            hint="fix the cause and re-run; hosts that failed validation were not changed",
+            hint=hint,
         )
-    doc["converged"] = True
-    doc["changed_hosts"] = summary.changed_hosts()
-    if not dry_run:
-        with services.open_handle(workspace, plan, log=progress) as handle:
-            # One read of every host serves both the roll (slot states) and the record (files:
-            # a roll starts and stops units, it writes none).
-            observed = drift.observe(handle, key)
-            states = {name: st for o in observed.values() for name, st in o.states.items()}
-            every_host_read = all(not o.error for o in observed.values())
-            doc["rolled"] = _roll(handle, progress, states if every_host_read else None)
-            services.save_plan(workspace, plan)
-            drift.save_record(workspace, plan.service, inputs, observed)
-    return doc
 
 
 def _quick_check(
@@ -383,14 +400,19 @@ def _into_service(actuator: Actuator, slot: Slot) -> None:
 
 def status(workspace: Workspace, name: str) -> dict[str, Any]:
     plan = services.load_plan(workspace, name)
-    with services.open_handle(workspace, plan) as handle:
-        states = handle.actuator.states()
+    record = services.record_state(workspace, name)
+    # A deploy that did not complete may have left any part: read what is there.
+    with services.open_handle(workspace, plan, need_key=record == "applied") as handle:
+        states = handle.actuator.states(strict=record == "applied")
+        reasons = _why_failed(handle.actuator, states)
         try:
+            if handle.router_problem:
+                raise HostError(handle.router_problem)
             workers = {w.url.rstrip("/"): w for w in handle.router.workers()}
             router_state = "ready" if handle.router.ready() else "not ready"
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
-        scaler = control.recorded(handle_store(handle))
+        scaler = control.recorded(handle_store(handle)) if not handle.router_problem else None
     scaler_alive = control.alive(scaler)
     decisions = (scaler or {}).get("groups") or {}
     groups: dict[str, Any] = {
@@ -419,6 +441,8 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
                     "router_status": worker.status if worker else None,
                     "healthy": worker.healthy if worker else None,
                     "stale": bool(state.running and state.config not in {None, group.config}),
+                    "restarts": reasons[slot.name].restarts if slot.name in reasons else None,
+                    "last_log": _last_line(reasons.get(slot.name)),
                 }
             )
         decision = decisions.get(role)
@@ -434,6 +458,7 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
     return {
         "service": name,
         "fleet": plan.fleet,
+        "state": record,
         "endpoint": f"http://{plan.router.address}:{plan.router.port}",
         "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=name)}",
         "scaler": {
@@ -443,6 +468,23 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
         },
         "groups": groups,
     }
+
+
+def _why_failed(actuator: Actuator, states: dict[str, SlotState]) -> dict[str, Unhealthy]:
+    """Each failed replica's unit record (state, restarts, last journal lines)."""
+    found: dict[str, Unhealthy] = {}
+    for name, state in states.items():
+        if state.active == "failed":
+            try:
+                found[name] = actuator.why(state.slot)
+            except PdctlError:
+                continue  # the state is shown; its journal could not be read
+    return found
+
+
+def _last_line(record: Unhealthy | None) -> str | None:
+    lines = [line for line in (record.journal if record else []) if line.strip()]
+    return lines[-1] if lines else None
 
 
 def find_slot(plan: Plan, which: str) -> Slot:
@@ -479,32 +521,39 @@ def logs(
 
 
 def destroy(workspace: Workspace, name: str, progress: Progress) -> dict[str, Any]:
-    plan = services.load_plan(workspace, name)
+    """Undo the service on every host of its plans: the last applied one and that of a
+    deploy that did not complete (hosts where nothing was applied are left as they are)."""
+    plans = services.plans(workspace, name)
+    if not plans:
+        services.load_plan(workspace, name)  # the NotFound error, with the services known
     deregistered: list[str] = []
     try:
-        with services.open_handle(workspace, plan, log=progress) as handle:
+        with services.open_handle(workspace, plans[0], log=progress) as handle:
             if _scaler_unit(handle, "stop"):  # else it would register the workers again
                 progress("stopped the scaler")
-            for slot in plan.slots():
+            for slot in plans[0].slots():
                 if handle.router.find(slot.url) is not None:
                     progress(f"deregistering and draining {slot.name}")
                     handle.actuator.deregister(slot)
                     deregistered.append(slot.name)
     except PdctlError as exc:
         progress(f"router not reachable ({exc.message}); destroying anyway")
-    summary = runner.run_playbook(
-        "destroy.yml",
-        inventory.fleet_dir(workspace, plan.fleet),
-        extravars=plan.extravars(),
-        progress=progress,
-        forks=min(100, max(5, len(plan.hosts()))),
-    )
-    if summary.rc != 0:
-        details = "; ".join(
-            f"{h}: {r.task}: {r.message[:200]}" for h, r in summary.failures().items()
+    hosts: set[str] = set()
+    for plan in plans:
+        summary = runner.run_playbook(
+            "destroy.yml",
+            inventory.fleet_dir(workspace, plan.fleet),
+            extravars=plan.extravars(),
+            progress=progress,
+            forks=min(100, max(5, len(plan.hosts()))),
         )
-        raise HostError(
-            f"destroy failed: {details or summary.status}", hint="fix and re-run `pdctl destroy`"
-        )
+        if summary.rc != 0:
+            unreachable = [f"{h}: unreachable" for h in summary.unreachable()]
+            failed = [f"{h}: {r.task}: {r.message[:200]}" for h, r in summary.failures().items()]
+            raise HostError(
+                f"destroy failed: {'; '.join(unreachable + failed) or summary.status}",
+                hint="fix and re-run `pdctl destroy` (the service stays recorded until then)",
+            )
+        hosts.update(plan.hosts())
     services.forget(workspace, name)
-    return {"service": name, "deregistered": deregistered, "hosts": plan.hosts()}
+    return {"service": name, "deregistered": deregistered, "hosts": sorted(hosts)}

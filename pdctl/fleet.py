@@ -17,9 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdctl import hardware, inventory, runner, ssh
+from pdctl import hardware, inventory, runner, ssh, validate
+from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
 from pdctl.inventory import Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.plan import Plan
 from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
@@ -58,17 +60,18 @@ def _facts_command(fleet: Fleet, peers: list[tuple[str, int]]) -> str:
     return f"if sudo -n true 2>/dev/null; then sudo -n env {command}; else env {command}; fi"
 
 
-def _contact(fleet: Fleet, host: FleetHost, known: ssh.KnownHosts, *, gather: bool) -> Contact:
+def _contact(
+    fleet: Fleet, host: FleetHost, known: ssh.KnownHosts, *, gather: bool, pin_new: bool
+) -> Contact:
     contact = Contact(host=host)
     target = inventory.target(fleet, host)
     try:
-        client = ssh.connect(target, known, pin_new=True, fleet=fleet.name)
+        client = ssh.connect(target, known, pin_new=pin_new, fleet=fleet.name)
     except HostError as exc:
         contact.error = exc.one_line()
         return contact
     try:
-        keys = known.lookup(target)
-        contact.fingerprint = ssh.fingerprint(next(iter(keys.values()))) if keys else None
+        contact.fingerprint = known.fingerprint(target)
         if gather:
             result = ssh.run(
                 client, _facts_command(fleet, []), stdin=_HARDWARE_SOURCE, timeout=PROBE_TIMEOUT
@@ -91,12 +94,16 @@ def _contact_all(
     known: ssh.KnownHosts,
     *,
     gather: Callable[[FleetHost], bool],
+    pin_new: bool,
     progress: Progress,
 ) -> dict[str, Contact]:
     progress(f"contacting {len(hosts)} host(s) over SSH")
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        contacts = list(pool.map(lambda h: _contact(fleet, h, known, gather=gather(h)), hosts))
-    known.save()
+        contacts = list(
+            pool.map(lambda h: _contact(fleet, h, known, gather=gather(h), pin_new=pin_new), hosts)
+        )
+    if pin_new:
+        known.save()
     return {c.host.name: c for c in contacts}
 
 
@@ -147,13 +154,8 @@ def _preflight(
     found: dict[str, list[dict[str, Any]]] = {}
     for host in hosts:
         if host.name in unreachable:
-            found[host.name] = [
-                {
-                    "name": "ssh",
-                    "ok": False,
-                    "message": f"{host.name}: Ansible could not reach it: {unreachable[host.name]}",
-                }
-            ]
+            message = unreachable_reason(fleet, host.name, unreachable[host.name])
+            found[host.name] = [{"name": "ssh", "ok": False, "message": message}]
             continue
         checks = [_sudo_check(host, sudo_results.get(host.name))]
         probe = probes.get(host.name)
@@ -165,6 +167,36 @@ def _preflight(
             checks.append({"name": "probe", "ok": False, "message": f"{host.name}: {message}"})
         found[host.name] = checks
     return found
+
+
+_ANSIBLE_REFUSED = "Ansible's ssh refused its host key (changed, or not pinned)"
+
+
+def _refusal(fleet: str, target: ssh.Target, output: str) -> HostError | None:
+    """The host key refusal in Ansible's output for TARGET (or its failed jump hop)."""
+    names = ssh.refused_key_names(output)
+    jump = target.proxy_jump
+    if names and jump is not None and jump.known_hosts_name in names:
+        return ssh.key_refused(jump, fleet, _ANSIBLE_REFUSED, jump=True)
+    if (names and target.known_hosts_name in names) or (names == [] and jump is None):
+        return ssh.key_refused(target, fleet, _ANSIBLE_REFUSED)
+    # Mitogen names no host; Ansible's ssh under ControlPersist hides the jump hop's stderr.
+    if jump is not None and (names == [] or ssh.closed_by_proxy(output)):
+        return ssh.key_refused(
+            jump,
+            fleet,
+            f"Ansible's ssh could not get through it to {target.label}: a refused host key "
+            "(the jump host's or that host's) or an unreachable host, OpenSSH does not say",
+            jump=True,
+        )
+    return None
+
+
+def unreachable_reason(fleet: Fleet, name: str, output: str) -> str:
+    """Why Ansible could not reach host NAME; a refused host key says whose and the fix."""
+    host = fleet.host(name)
+    refusal = _refusal(fleet.name, inventory.target(fleet, host), output) if host else None
+    return refusal.one_line() if refusal else f"{name}: Ansible could not reach it: {output}"
 
 
 def _now() -> str:
@@ -179,8 +211,10 @@ def _check(
     progress: Progress,
     *,
     gather: bool,
+    pin_new: bool,
 ) -> None:
-    """SSH contact (pin keys, facts), then preflight on the reachable hosts; results stored."""
+    """SSH contact (facts; keys pinned if ``pin_new``), then preflight on the reachable
+    hosts; results stored. A host without a pinned key is not contacted unless pinning."""
     # Facts are gathered on add, and for hosts never reached before (their kind is unknown).
     contacts = _contact_all(
         fleet,
@@ -188,6 +222,7 @@ def _check(
         known,
         progress=progress,
         gather=lambda h: gather or h.kind == "new" or h.facts is None,
+        pin_new=pin_new,
     )
     for host in hosts:
         contact = contacts[host.name]
@@ -205,9 +240,17 @@ def _check(
     inventory.save(workspace, fleet)
 
 
-def report(fleet: Fleet, hosts: Iterable[FleetHost]) -> dict[str, Any]:
+def _jump_report(fleet: Fleet, known: ssh.KnownHosts) -> dict[str, Any] | None:
+    jump = inventory.jump_target(fleet.settings)
+    if jump is None:
+        return None
+    return {"host": jump.label, "fingerprint": known.fingerprint(jump)}
+
+
+def report(fleet: Fleet, hosts: Iterable[FleetHost], known: ssh.KnownHosts) -> dict[str, Any]:
     return {
         "fleet": fleet.name,
+        "proxy_jump": _jump_report(fleet, known),
         "hosts": [
             {
                 "name": h.name,
@@ -250,6 +293,14 @@ class AddOptions:
     repin: bool = False
 
 
+def _jump_spec(options: AddOptions) -> str | None:
+    """--proxy-jump as stored: USER@HOST[:PORT], its user from --user (else root) like the
+    hosts', so that pdctl's SSH, Ansible and Mitogen all reach it as the same user."""
+    if options.proxy_jump is None:
+        return None
+    return ssh.parse_target(options.proxy_jump, default_user=options.user or "root").label
+
+
 def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettings:
     settings = current.model_copy() if current else FleetSettings()
     if options.identity_file is not None:
@@ -260,7 +311,7 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
             )
         settings.identity_file = str(key.resolve())
     updates = {
-        "proxy_jump": options.proxy_jump,
+        "proxy_jump": _jump_spec(options),
         "become": options.become,
         "expect_nics": options.expect_nics,
         "expect_gpus": options.expect_gpus,
@@ -268,26 +319,23 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
     for key_name, value in updates.items():
         if value is not None:
             setattr(settings, key_name, value)
+    if settings.proxy_jump and settings.identity_file:
+        try:
+            validate.host_path(settings.identity_file)
+        except ValueError as exc:
+            raise InputError(
+                f"identity file {exc}",
+                hint="with a jump host the key's path is a word of the inventory's ssh "
+                "command for the jump; move or link the key to such a path",
+            ) from exc
     return settings
 
 
-def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress) -> dict[str, Any]:
-    inventory.validate_name(name)
-    specs = list(options.hosts) + (
-        _read_hosts_file(options.hosts_file) if options.hosts_file else []
-    )
-    if not specs:
-        raise InputError(
-            "no hosts given", hint="pass --host [USER@]ADDR[:PORT] (repeatable) or --hosts-file"
-        )
-    fleet = (
-        inventory.load(workspace, name) if inventory.exists(workspace, name) else Fleet(name=name)
-    )
-    fleet.settings = _settings(fleet.settings if fleet.hosts else None, options)
-    default_user = options.user or "root"
+def _targets(workspace: Workspace, name: str, specs: list[str], user: str) -> list[ssh.Target]:
+    """The hosts to add, once each; a host another fleet holds is refused."""
     targets: dict[tuple[str, int], ssh.Target] = {}
     for spec in specs:
-        target = ssh.parse_target(spec, default_user=default_user)
+        target = ssh.parse_target(spec, default_user=user)
         targets.setdefault((target.address, target.port), target)
     for (address, port), target in targets.items():
         owner = _owner(workspace, address, port, name)
@@ -296,32 +344,87 @@ def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress
                 f"{target.label} already belongs to fleet {owner!r}",
                 hint=f"remove it there first: pdctl fleet remove {owner} --host {address}",
             )
-    known = _known_hosts(workspace, name)
+    return list(targets.values())
+
+
+def _pin_jump(
+    fleet: Fleet,
+    known: ssh.KnownHosts,
+    previous: ssh.Target | None,
+    options: AddOptions,
+    progress: Progress,
+) -> bool:
+    """Pin the jump host's key when this add sets the jump host or re-pins it (--repin with
+    --proxy-jump); True when it did. A jump host's key is pinned here only, never on the way
+    to a host: afterwards every path through it checks the pinned key."""
+    jump = inventory.jump_target(fleet.settings)
+    if jump is None or options.proxy_jump is None:
+        return False
+    if not options.repin and previous is not None and previous.label == jump.label:
+        return False
+    if options.repin:
+        known.forget(jump)
+    progress(f"pinning the host key of jump host {jump.label}")
+    ssh.connect(jump, known, pin_new=True, jump=True, fleet=fleet.name).close()
+    return True
+
+
+def _touch(
+    fleet: Fleet, targets: list[ssh.Target], known: ssh.KnownHosts, repin: bool
+) -> list[FleetHost]:
+    """The hosts this add contacts: new ones, and with --repin the given ones (keys forgotten)."""
     touched: list[FleetHost] = []
-    for (address, port), target in targets.items():
-        host = fleet.by_endpoint(address, port)
+    for target in targets:
+        host = fleet.by_endpoint(target.address, target.port)
         if host is None:
             host = FleetHost(
-                name=inventory.host_name(address, port),
-                address=address,
-                port=port,
+                name=inventory.host_name(target.address, target.port),
+                address=target.address,
+                port=target.port,
                 user=target.user,
             )
             fleet.hosts.append(host)
             touched.append(host)
-        elif options.repin:
+        elif repin:
             known.forget(target)
             touched.append(host)
-    if not touched:
-        progress("every host is already in the fleet: nothing to do")
-        return {**report(fleet, _in_order(fleet, targets)), "changed": False}
     fleet.hosts.sort(key=lambda h: inventory._sort_key(h.name))
-    _check(workspace, fleet, touched, known, progress, gather=True)
-    return {**report(fleet, _in_order(fleet, targets)), "changed": True}
+    return touched
 
 
-def _in_order(fleet: Fleet, targets: dict[tuple[str, int], ssh.Target]) -> list[FleetHost]:
-    return [h for key in targets if (h := fleet.by_endpoint(*key)) is not None]
+def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress) -> dict[str, Any]:
+    inventory.validate_name(name)
+    specs = list(options.hosts) + (
+        _read_hosts_file(options.hosts_file) if options.hosts_file else []
+    )
+    fleet = (
+        inventory.load(workspace, name) if inventory.exists(workspace, name) else Fleet(name=name)
+    )
+    if not specs and not (options.proxy_jump and fleet.hosts):
+        raise InputError(
+            "no hosts given",
+            hint="pass --host [USER@]ADDR[:PORT] (repeatable) or --hosts-file; "
+            "--proxy-jump J --repin alone re-pins a fleet's jump host",
+        )
+    previous_jump = inventory.jump_target(fleet.settings) if fleet.hosts else None
+    fleet.settings = _settings(fleet.settings if fleet.hosts else None, options)
+    targets = _targets(workspace, name, specs, options.user or "root")
+    known = _known_hosts(workspace, name)
+    jump_pinned = _pin_jump(fleet, known, previous_jump, options, progress)
+    touched = _touch(fleet, targets, known, options.repin)
+    if not touched:
+        if jump_pinned:
+            known.save()
+            inventory.save(workspace, fleet)
+        else:
+            progress("every host is already in the fleet: nothing to do")
+        return {**report(fleet, _in_order(fleet, targets), known), "changed": jump_pinned}
+    _check(workspace, fleet, touched, known, progress, gather=True, pin_new=True)
+    return {**report(fleet, _in_order(fleet, targets), known), "changed": True}
+
+
+def _in_order(fleet: Fleet, targets: list[ssh.Target]) -> list[FleetHost]:
+    return [h for t in targets if (h := fleet.by_endpoint(t.address, t.port)) is not None]
 
 
 def check(
@@ -329,8 +432,9 @@ def check(
 ) -> dict[str, Any]:
     fleet = inventory.load(workspace, name)
     hosts = _select(fleet, limit)
-    _check(workspace, fleet, hosts, _known_hosts(workspace, name), progress, gather=False)
-    return report(fleet, hosts)
+    known = _known_hosts(workspace, name)
+    _check(workspace, fleet, hosts, known, progress, gather=False, pin_new=False)
+    return report(fleet, hosts, known)
 
 
 def _select(fleet: Fleet, limit: list[str] | None) -> list[FleetHost]:
@@ -359,22 +463,43 @@ def failure(doc: dict[str, Any]) -> CheckFailed | None:
     )
 
 
-def placements(workspace: Workspace, fleet: str) -> dict[str, list[str]]:
-    """Service -> the fleet hosts it has replicas on (from each service's stored plan)."""
-    found: dict[str, list[str]] = {}
-    root = workspace.services
-    if not root.is_dir():
-        return found
-    for plan_file in sorted(root.glob("*/plan.json")):
-        try:
-            plan = json.loads(plan_file.read_text())
-        except ValueError:
-            continue
-        if plan.get("fleet") == fleet:
-            found[plan_file.parent.name] = sorted(
-                {s["host"] for s in plan.get("slots", []) if "host" in s}
-            )
+def _uses(plan: Plan) -> dict[str, list[str]]:
+    """Host -> what the plan has there: its router, its slots (spares too: the scaler starts
+    them on that host whenever it scales out)."""
+    found: dict[str, list[str]] = {plan.router.host: ["router"]}
+    for slot in plan.slots():
+        found.setdefault(slot.host, []).append(slot.name if slot.start else f"{slot.name} (spare)")
     return found
+
+
+def placements(workspace: Workspace, fleet: str) -> dict[str, list[str]]:
+    """Service -> the fleet hosts it uses (router or slots; from each service's stored plan)."""
+    found: dict[str, set[str]] = {}
+    for service, plan in services.every_plan(workspace):
+        if isinstance(plan, Plan) and plan.fleet == fleet:
+            found.setdefault(service, set()).update(_uses(plan))
+    return {service: sorted(hosts) for service, hosts in found.items()}
+
+
+def _refuse_in_use(workspace: Workspace, fleet: str, hosts: set[str]) -> None:
+    """CheckFailed naming each service with its router or a slot on one of these hosts (and
+    each service whose plan cannot be read: it may have)."""
+    found = []
+    for service, plan in services.every_plan(workspace):
+        if not isinstance(plan, Plan):
+            found.append(f"cannot tell what service {service} uses: {plan}")
+        elif plan.fleet == fleet:
+            found += [
+                f"service {service} has {', '.join(what)} on {host}"
+                for host, what in _uses(plan).items()
+                if host in hosts
+            ]
+    if found:
+        raise CheckFailed(
+            f"fleet {fleet}: hosts still in use ({'; '.join(found)})",
+            hint="`pdctl destroy SERVICE` first, or pass --force to forget the hosts and their "
+            "keys anyway",
+        )
 
 
 def list_all(workspace: Workspace) -> dict[str, Any]:
@@ -421,22 +546,19 @@ def show(workspace: Workspace, name: str) -> dict[str, Any]:
 def remove(workspace: Workspace, name: str, hosts: list[str], force: bool) -> dict[str, Any]:
     fleet = inventory.load(workspace, name)
     chosen = _select(fleet, hosts) if hosts else list(fleet.hosts)
-    services = placements(workspace, name)
-    busy = {s: sorted(set(on) & {h.name for h in chosen}) for s, on in services.items()}
-    busy = {s: on for s, on in busy.items() if on}
-    if busy and not force:
-        names = "; ".join(f"{s} on {', '.join(on)}" for s, on in busy.items())
-        raise CheckFailed(
-            f"fleet {name}: services still have replicas there ({names})",
-            hint="`pdctl destroy SERVICE` first, or pass --force",
-        )
-    known = _known_hosts(workspace, name)
-    for host in chosen:
-        known.forget(inventory.target(fleet, host))
+    if not force:
+        _refuse_in_use(workspace, name, {h.name for h in chosen})
     removed = [h.name for h in chosen]
     if not hosts or len(chosen) == len(fleet.hosts):
         shutil.rmtree(inventory.fleet_dir(workspace, name))
         return {"fleet": name, "removed_hosts": removed, "fleet_removed": True}
+    known = _known_hosts(workspace, name)
+    jump = inventory.jump_target(fleet.settings)
+    for host in chosen:
+        target = inventory.target(fleet, host)
+        # A host that is also the fleet's jump host keeps its pin: the others go through it.
+        if jump is None or target.known_hosts_name != jump.known_hosts_name:
+            known.forget(target)
     fleet.hosts = [h for h in fleet.hosts if h.name not in removed]
     known.save()
     inventory.save(workspace, fleet)

@@ -15,12 +15,14 @@ same fleet changes no byte.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from pdctl import validate
+from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import InputError, NotFound
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace, write_atomic
@@ -162,19 +164,46 @@ def _sort_key(name: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-def _dump(path: Path, doc: dict[str, Any], header: str) -> None:
-    text = f"---\n# {header}\n" + dump_text(doc)
+def _dump(path: Path, doc: dict[str, Any], header: str, *, untrusted: bool = False) -> None:
+    """``untrusted``: the values came from a host; Ansible must never render them."""
+    text = f"---\n# {header}\n" + (unsafe_yaml(doc) if untrusted else dump_text(doc))
     if not path.exists() or path.read_text() != text:
         write_atomic(path, text)
 
 
+def _pinned_only(known_hosts: str) -> str:
+    """ssh options that accept exactly the keys in the fleet's known_hosts file."""
+    return (
+        f"-o UserKnownHostsFile={known_hosts} -o GlobalKnownHostsFile=/dev/null"
+        " -o StrictHostKeyChecking=yes"
+    )
+
+
+def _jump_command(jump: Target, identity_file: str | None) -> str:
+    """The ProxyCommand that reaches a host through the jump host under the fleet's pins.
+
+    Not ProxyJump: OpenSSH applies command-line options to the destination only, so the
+    jump hop would be checked against ~/.ssh/known_hosts under the user's own policy (by
+    Ansible's ssh and Mitogen's alike). A shell runs this (quoted for it); ssh expands %h
+    and %p.
+    """
+    words = [
+        "ssh",
+        _pinned_only("{{ inventory_dir | quote }}/" + KNOWN_HOSTS),
+        "-o BatchMode=yes",  # its stdin and stdout are the tunnel: nothing to answer a prompt
+        *([f"-i {shlex.quote(identity_file)}"] if identity_file else []),
+        f"-p {jump.port} -l {jump.user} -W '[%h]:%p' {jump.address}",
+    ]
+    return " ".join(words)
+
+
 def ssh_common_args(settings: FleetSettings) -> str:
     # {{ inventory_dir }} keeps the inventory valid wherever the workspace moves.
-    args = (
-        f"-o UserKnownHostsFile={{{{ inventory_dir }}}}/{KNOWN_HOSTS} -o StrictHostKeyChecking=yes"
-    )
-    if settings.proxy_jump:
-        args += f" -o ProxyJump={settings.proxy_jump}"
+    args = _pinned_only(f"{{{{ inventory_dir }}}}/{KNOWN_HOSTS}")
+    jump = jump_target(settings)
+    if jump is not None:
+        # Double quotes: Ansible and Mitogen split these args as a shell would.
+        args += f' -o "ProxyCommand={_jump_command(jump, settings.identity_file)}"'
     return args
 
 
@@ -226,7 +255,8 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
             doc["pd_facts"] = host.facts
         if host.preflight is not None:
             doc["pd_preflight"] = host.preflight.model_dump()
-        _dump(host_vars / f"{host.name}.yml", doc, f"{host.name}: facts and last preflight (pdctl)")
+        header = f"{host.name}: facts and last preflight (pdctl)"
+        _dump(host_vars / f"{host.name}.yml", doc, header, untrusted=True)
         keep.add(f"{host.name}.yml")
     if host_vars.is_dir():
         for stale in host_vars.glob("*.yml"):
@@ -235,19 +265,22 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
     return directory
 
 
+def jump_target(settings: FleetSettings) -> Target | None:
+    """The fleet's jump host, as every path reaches it (pdctl's SSH, Ansible, Mitogen)."""
+    if not settings.proxy_jump:
+        return None
+    # `fleet add` stores USER@HOST[:PORT]; root for a value written without a user.
+    return parse_target(
+        settings.proxy_jump, default_user="root", identity_file=settings.identity_file
+    )
+
+
 def target(fleet: Fleet, host: FleetHost) -> Target:
     """How to SSH to a fleet host (through the fleet's jump host, if it has one)."""
-    jump = None
-    if fleet.settings.proxy_jump:
-        jump = parse_target(
-            fleet.settings.proxy_jump,
-            default_user=host.user,
-            identity_file=fleet.settings.identity_file,
-        )
     return Target(
         address=host.address,
         port=host.port,
         user=host.user,
         identity_file=fleet.settings.identity_file,
-        proxy_jump=jump,
+        proxy_jump=jump_target(fleet.settings),
     )

@@ -48,6 +48,10 @@ class TaskResult:
 
     @property
     def message(self) -> str:
+        # A loop's failure says only "One or more items failed": the first failed item says why.
+        for item in self.res.get("results") or []:
+            if isinstance(item, dict) and item.get("failed"):
+                return str(item.get("msg") or item.get("stderr") or "").strip()
         return str(self.res.get("msg") or self.res.get("stderr") or "").strip()
 
 

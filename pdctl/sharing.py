@@ -20,7 +20,7 @@ from typing import Any
 
 from pdctl import inventory, ssh, validate
 from pdctl import service as services
-from pdctl.errors import PdctlError
+from pdctl.errors import InputError, PdctlError
 from pdctl.inventory import Fleet
 from pdctl.plan import (
     ROUTER,
@@ -43,9 +43,15 @@ _LISTENERS = {"--port": ROUTER, "--prometheus-port": ROUTER_METRICS, "scaler": S
 
 
 def stored_plans(workspace: Workspace, fleet: str, service: str) -> list[Plan]:
-    """This workspace's plans of the fleet's services other than ``service``."""
-    plans = (services.stored_plan(workspace, name) for name in services.names(workspace))
-    return [p for p in plans if p is not None and p.fleet == fleet and p.service != service]
+    """This workspace's plans of the fleet's services other than ``service``: the last
+    applied and that of a deploy that did not complete (it may have changed hosts too)."""
+    found = []
+    for name, plan in services.every_plan(workspace):
+        if isinstance(plan, str):  # its service may hold anything: placing blind could collide
+            raise InputError(plan, hint=f"fix or remove it: what service {name} holds is unknown")
+        if plan.fleet == fleet and name != service:
+            found.append(plan)
+    return found
 
 
 @dataclass
@@ -65,9 +71,7 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
 
     def read(name: str) -> list[Held] | str:
         target = inventory.target(fleet, hosts[name])
-        if not known.lookup(target):  # never pinned: the pool would refuse it after contact
-            return "its host key is not pinned (pdctl fleet add)"
-        try:
+        try:  # a host without a pinned key is refused before contact
             text = ssh.run_python(
                 pool, target, _PROBE_SOURCE, become=fleet.settings.become, timeout=30
             )

@@ -1,9 +1,10 @@
 """The one place pdctl opens SSH (paramiko): pinned host keys, jump hosts, a pool.
 
-Host keys are trust-on-first-use per fleet: the first contact records the key
-in the fleet's own known_hosts (also used by Ansible); afterwards a different
-key is refused with the command that re-pins it. Nothing here ever accepts a
-changed key silently.
+Host keys are trust-on-first-use per fleet, and only `pdctl fleet add` pins one: the
+first contact records the key in the fleet's own known_hosts (also used by Ansible).
+Every other contact needs a pinned key: a host (or jump host) without one is refused
+before a packet is sent, a different key is refused on contact, each with the command
+that re-pins it. Nothing here ever accepts an unknown or changed key silently.
 """
 
 from __future__ import annotations
@@ -42,7 +43,22 @@ logging.getLogger("paramiko.transport").addFilter(_RefusedChannelFilter())
 CONNECT_TIMEOUT = 8.0
 R = TypeVar("R")
 Log = Callable[[str], None]
-_TARGET = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<addr>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
+# User and address become words of a shell command (the jump host's ProxyCommand in the
+# inventory) and inventory values: letters, digits and . _ -, never a leading - (an option);
+# IPv6 in brackets.
+_WORD = r"[A-Za-z0-9._][A-Za-z0-9._-]*"
+_TARGET = re.compile(
+    rf"^(?:(?P<user>{_WORD})@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|{_WORD})(?::(?P<port>\d+))?$"
+)
+# OpenSSH's words when StrictHostKeyChecking=yes refuses a host (the known_hosts name).
+_OPENSSH_REFUSED = re.compile(
+    r"(?:Host key for|host key is known for) (\S+) (?:has changed and|and) you have requested"
+    r" strict checking"
+)
+# The same refusal, however it is reported (Mitogen names no host).
+_KEY_REFUSED = re.compile(r"host key verification failed|mismatching host key", re.IGNORECASE)
+# OpenSSH's words for a ProxyCommand that closed before the host's banner (no peer address).
+_PROXY_CLOSED = re.compile(r"Connection closed by UNKNOWN port \d+")
 
 
 @dataclass(frozen=True)
@@ -56,9 +72,15 @@ class Target:
     proxy_jump: Target | None = None
 
     @property
+    def endpoint(self) -> str:
+        """``ADDR[:PORT]`` (an IPv6 address in brackets), as `--host` takes it back."""
+        address = f"[{self.address}]" if ":" in self.address else self.address
+        return address if self.port == 22 else f"{address}:{self.port}"
+
+    @property
     def label(self) -> str:
-        port = "" if self.port == 22 else f":{self.port}"
-        return f"{self.user}@{self.address}{port}"
+        """``USER@ADDR[:PORT]``, as `--host` and `--proxy-jump` take it back."""
+        return f"{self.user}@{self.endpoint}"
 
     @property
     def known_hosts_name(self) -> str:
@@ -75,9 +97,10 @@ def parse_target(
 ) -> Target:
     """``[USER@]ADDR[:PORT]`` -> Target; a bad form is an InputError naming it."""
     match = _TARGET.match(text.strip())
-    if not match:
+    if not match or not re.fullmatch(_WORD, default_user):
         raise InputError(
-            f"not a host: {text!r}", hint="use [USER@]ADDRESS[:PORT], e.g. root@10.0.0.11"
+            f"not a host: {text!r}" if not match else f"not a user name: {default_user!r}",
+            hint="use [USER@]ADDRESS[:PORT], e.g. root@10.0.0.11 (letters, digits, . _ -)",
         )
     port = int(match["port"] or 22)
     if not 0 < port < 65536:
@@ -113,6 +136,11 @@ class KnownHosts:
             entry = self._keys.lookup(target.known_hosts_name)
             return dict(entry) if entry else {}
 
+    def fingerprint(self, target: Target) -> str | None:
+        """The pinned key's fingerprint (None: no key pinned)."""
+        keys = self.lookup(target)
+        return fingerprint(next(iter(keys.values()))) if keys else None
+
     def pin(self, target: Target, key: paramiko.PKey) -> None:
         with self._lock:
             self._keys.add(target.known_hosts_name, key.get_name(), key)
@@ -132,52 +160,108 @@ class KnownHosts:
             self._keys.save(str(self.path))
 
 
+def _who(target: Target, jump: bool) -> str:
+    return f"jump host {target.label}" if jump else target.label
+
+
+def repin_command(fleet: str | None, target: Target, *, jump: bool = False) -> str:
+    """The command that (re-)pins a host's key, or a fleet's jump host's. A host is named by
+    its endpoint: `fleet add` keeps the user on record (the refused connection may be the
+    scaler's, as its own user). The jump host with its user: --proxy-jump sets both."""
+    option = f"--proxy-jump {target.label}" if jump else f"--host {target.endpoint}"
+    return f"pdctl fleet add {fleet or '<fleet>'} {option} --repin"
+
+
+def key_refused(target: Target, fleet: str | None, reason: str, *, jump: bool = False) -> HostError:
+    """A host (or the fleet's jump host) refused for its key: who, why, and the fix."""
+    return HostError(
+        f"{_who(target, jump)}: {reason}",
+        hint="if the key it offers now is the right one, pin it: "
+        f"`{repin_command(fleet, target, jump=jump)}`",
+    )
+
+
+def require_pinned(
+    target: Target, known: KnownHosts, fleet: str | None, *, jump: bool = False
+) -> None:
+    """HostError unless the host, and the jump host on the way, have a pinned key."""
+    if target.proxy_jump is not None:
+        require_pinned(target.proxy_jump, known, fleet, jump=True)
+    if not known.lookup(target):
+        raise key_refused(
+            target, fleet, "no host key is pinned for it; refusing to contact it", jump=jump
+        )
+
+
+def refused_key_names(output: str) -> list[str] | None:
+    """The known_hosts names of the hosts whose key OpenSSH refused, read from its output
+    (under Ansible or Mitogen); [] when it refused one without naming it (Mitogen's
+    message), None when the output is no host key refusal."""
+    names = _OPENSSH_REFUSED.findall(output)
+    if names or _KEY_REFUSED.search(output):
+        return list(dict.fromkeys(names))
+    return None
+
+
+def closed_by_proxy(output: str) -> bool:
+    """Whether ssh's output says its ProxyCommand (the jump hop) ended before the host
+    answered; under ControlPersist OpenSSH sends the jump hop's own errors to /dev/null."""
+    return bool(_PROXY_CLOSED.search(output))
+
+
 class _Pin(paramiko.MissingHostKeyPolicy):
-    def __init__(self, known: KnownHosts, target: Target, allow: bool) -> None:
+    def __init__(
+        self, known: KnownHosts, target: Target, allow: bool, fleet: str | None, jump: bool
+    ) -> None:
         self.known, self.target, self.allow = known, target, allow
+        self.fleet, self.jump = fleet, jump
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
-        if not self.allow:
-            raise HostError(
-                f"{self.target.label}: host key {fingerprint(key)} is not pinned",
-                hint="add the host with `pdctl fleet add` first",
+        if not self.allow:  # a key of a type other than the pinned one's
+            raise key_refused(
+                self.target,
+                self.fleet,
+                f"host key {fingerprint(key)} is not the pinned one; refusing to connect",
+                jump=self.jump,
             )
         self.known.pin(self.target, key)
 
 
-def connect(
-    target: Target,
-    known: KnownHosts,
-    *,
-    pin_new: bool = True,
-    fleet: str | None = None,
-    timeout: float = CONNECT_TIMEOUT,
-) -> paramiko.SSHClient:
-    """An authenticated client; HostError (naming host and fix) on any failure."""
-    sock = None
-    jump_client = None
-    if target.proxy_jump is not None:
-        jump_client = connect(
-            target.proxy_jump, known, pin_new=pin_new, fleet=fleet, timeout=timeout
+def _tunnel(
+    target: Target, known: KnownHosts, fleet: str | None, timeout: float
+) -> tuple[paramiko.SSHClient, paramiko.Channel]:
+    """A TCP stream to the target through its jump host (whose key must be pinned already:
+    only `fleet add` pins a jump host, on its own, never on the way to another host)."""
+    assert target.proxy_jump is not None
+    jump_client = connect(target.proxy_jump, known, jump=True, fleet=fleet, timeout=timeout)
+    transport = jump_client.get_transport()
+    assert transport is not None  # connect() returned an authenticated client
+    try:
+        channel = transport.open_channel(
+            "direct-tcpip", (target.address, target.port), ("127.0.0.1", 0), timeout=timeout
         )
-        transport = jump_client.get_transport()
-        assert transport is not None  # connect() returned an authenticated client
-        try:
-            sock = transport.open_channel(
-                "direct-tcpip", (target.address, target.port), ("127.0.0.1", 0), timeout=timeout
-            )
-        except (paramiko.SSHException, OSError) as exc:
-            jump_client.close()
-            raise HostError(
-                f"{target.label}: unreachable through jump host {target.proxy_jump.label}: {exc}",
-                hint="check the address and that the jump host can reach it",
-            ) from exc
-    client = paramiko.SSHClient()
-    for name, key in known.lookup(target).items():
-        client.get_host_keys().add(target.known_hosts_name, name, key)
-    client.set_missing_host_key_policy(_Pin(known, target, pin_new))
+    except (paramiko.SSHException, OSError) as exc:
+        jump_client.close()
+        raise HostError(
+            f"{target.label}: unreachable through jump host {target.proxy_jump.label}: {exc}",
+            hint="check the address and that the jump host can reach it",
+        ) from exc
+    return jump_client, channel
+
+
+def _login(
+    client: paramiko.SSHClient,
+    target: Target,
+    sock: paramiko.Channel | None,
+    *,
+    fleet: str | None,
+    jump: bool,
+    timeout: float,
+) -> None:
+    """client.connect(), its failures turned into HostErrors naming the host and the fix."""
+    who = _who(target, jump)
     try:
         client.connect(
             target.address,
@@ -192,31 +276,62 @@ def connect(
             sock=sock,
         )
     except paramiko.BadHostKeyException as exc:
-        client.close()
-        repin = f"pdctl fleet add {fleet} --host {target.label} --repin" if fleet else "re-pin it"
-        raise HostError(
-            f"{target.label}: host key changed! pinned {fingerprint(exc.expected_key)}, "
+        raise key_refused(
+            target,
+            fleet,
+            f"host key changed! pinned {fingerprint(exc.expected_key)}, "
             f"now offered {fingerprint(exc.key)}; refusing to connect",
-            hint=f"if the host was reinstalled on purpose, run `{repin}`",
+            jump=jump,
         ) from exc
     except paramiko.AuthenticationException as exc:
-        client.close()
         raise HostError(
-            f"{target.label}: SSH authentication failed ({exc})",
+            f"{who}: SSH authentication failed ({exc})",
             hint="check --user and --identity-file, and the key in authorized_keys",
         ) from exc
     except TimeoutError as exc:
-        client.close()
         raise HostError(
-            f"{target.label}: SSH connection timed out after {timeout:.0f} s",
+            f"{who}: SSH connection timed out after {timeout:.0f} s",
             hint="check the address, routing and firewalls",
         ) from exc
     except (paramiko.SSHException, OSError) as exc:
-        client.close()
         raise HostError(
-            f"{target.label}: SSH connection failed: {exc}",
+            f"{who}: SSH connection failed: {exc}",
             hint="check that sshd runs on the host and the port is right",
         ) from exc
+
+
+def connect(
+    target: Target,
+    known: KnownHosts,
+    *,
+    pin_new: bool = False,
+    jump: bool = False,
+    fleet: str | None = None,
+    timeout: float = CONNECT_TIMEOUT,
+) -> paramiko.SSHClient:
+    """An authenticated client; HostError (naming host and fix) on any failure.
+
+    ``pin_new``: pin the key of a host that has none (`fleet add`); otherwise such a host
+    is refused before any packet is sent. ``jump``: the target is a fleet's jump host
+    (errors say so, and name the fix for it).
+    """
+    if not pin_new:
+        require_pinned(target, known, fleet, jump=jump)
+    sock: paramiko.Channel | None = None
+    jump_client = None
+    if target.proxy_jump is not None:
+        jump_client, sock = _tunnel(target, known, fleet, timeout)
+    client = paramiko.SSHClient()
+    for name, key in known.lookup(target).items():
+        client.get_host_keys().add(target.known_hosts_name, name, key)
+    client.set_missing_host_key_policy(_Pin(known, target, pin_new, fleet, jump))
+    try:
+        _login(client, target, sock, fleet=fleet, jump=jump, timeout=timeout)
+    except BaseException:
+        client.close()
+        if jump_client is not None:
+            jump_client.close()
+        raise
     if jump_client is not None:
         client._pdctl_jump = jump_client  # type: ignore[attr-defined]  # keep the tunnel alive
     return client

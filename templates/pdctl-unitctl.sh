@@ -3,6 +3,8 @@
 #   states            one line per unit of SERVICE: "<group> <k> <ActiveState> <config label or ->"
 #   start GROUP K     start the slot's unit
 #   stop GROUP K      stop it (the unit's ExecStop drains the worker)
+#   why GROUP K       its ActiveState= and NRestarts= lines, "--", then the last lines its own
+#                     processes wrote to the journal
 # Installed by the pd_worker role; the scaler's SSH key may run nothing else (authorized_keys
 # command=...), so every argument is checked against a strict pattern before use.
 #
@@ -54,5 +56,11 @@ case "$verb" in
         ;;
     start) shift 2; slot_args "$@"; exec systemctl start "$unit" ;;
     stop) shift 2; slot_args "$@"; exec systemctl stop "$unit" ;;
+    why)
+        shift 2; slot_args "$@"
+        systemctl show --property=ActiveState,NRestarts "$unit"
+        echo --
+        exec journalctl "_SYSTEMD_UNIT=$unit" --lines 15 --no-pager --output cat
+        ;;
     *) echo "unknown verb: $verb" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -55,6 +56,24 @@ def private_tmp(home: Path) -> Path:
 
 def pdctl_json(home: Path, *args: str, **kwargs: Any) -> Any:
     return json.loads(pdctl(home, "--json", *args, **kwargs).stdout)
+
+
+def listener() -> socket.socket:
+    """A local TCP port that queues connections and never serves one."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    return server
+
+
+def contacted(server: socket.socket) -> bool:
+    """Whether anything connected to a listener() port."""
+    try:
+        server.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
 
 
 def lab_unavailable() -> str | None:

@@ -25,7 +25,14 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
             "CPU host: GPU/RDMA checks skipped" if host["kind"] == "cpu" else "all checks passed"
         )
         rows.append((host["name"], host["kind"], verdict, detail))
-    app.out.table(["host", "kind", "preflight", "findings"], rows, title=f"fleet {doc['fleet']}")
+    if rows:  # none when `fleet add --proxy-jump J --repin` only re-pinned the jump host
+        app.out.table(
+            ["host", "kind", "preflight", "findings"], rows, title=f"fleet {doc['fleet']}"
+        )
+    jump = doc.get("proxy_jump")
+    if jump:
+        key = f"host key {jump['fingerprint']}" if jump["fingerprint"] else "no host key pinned"
+        app.out.line(f"jump host {jump['host']}: {key}")
 
 
 @fleet.command()
@@ -46,7 +53,11 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
 @click.option("--become/--no-become", default=None, help="Use sudo on the hosts. [default: become]")
 @click.option("--expect-nics", type=int, help="RDMA NICs every GPU host must have. [default: 8]")
 @click.option("--expect-gpus", type=int, help="GPUs every GPU host must have. [default: 8]")
-@click.option("--repin", is_flag=True, help="Forget and re-pin the host keys of the given hosts.")
+@click.option(
+    "--repin",
+    is_flag=True,
+    help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
+)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (nothing here asks yet; for scripts).")
 @pass_app
 def add(

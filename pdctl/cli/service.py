@@ -152,6 +152,15 @@ def deploy(
 def _render_status(app: App, doc: dict[str, Any]) -> None:
     router = doc["groups"]["router"]
     app.out.line(f"service {doc['service']} on fleet {doc['fleet']}: {doc['endpoint']}")
+    if doc["state"] != "applied":
+        app.out.line(
+            f"state: {doc['state']}: a deploy started and did not complete"
+            + (
+                f"; re-run `pdctl deploy` or undo it with `pdctl destroy {doc['service']}`"
+                if doc["state"] == "failed"
+                else " (it is still running)"
+            )
+        )
     app.out.line(f"router on {router['host']}: {router['state']}")
     scaler = doc["scaler"]
     rps = "n/a" if scaler["rps"] is None else f"{scaler['rps']:.2f}"
@@ -179,6 +188,13 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
             f"{role}: {group['running']} running, desired {desired}{pinned}, bounds {bounds}{why}"
         )
     app.out.table(["replica", "host", "port", "unit", "router", "config"], rows)
+    for role in ("prefill", "decode"):
+        for r in doc["groups"][role]["replicas"]:
+            if r["last_log"] is not None:
+                app.out.line(
+                    f"{role}/{r['slot']} {r['state']} after {r['restarts']} restart(s): "
+                    f"{r['last_log']}"
+                )
 
 
 @click.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -17,9 +17,11 @@ from pdctl import ssh
 from pdctl.errors import HostError
 from pdctl.plan import Plan, Slot
 from pdctl.router import Connector, Router, request
+from pdctl.unhealthy import Unhealthy, UnhealthyUnits, from_unitctl
 
 UNITCTL = "/usr/local/libexec/pdctl-unitctl"
 HEALTH_POLL = 0.2  # seconds between probes of a starting slot
+UNIT_CHECK = 2.0  # seconds between looks at a starting slot's unit (has systemd given up?)
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ class Actuator:
         sudo: bool = True,
         log: Callable[[str], None] | None = None,
         connector: Callable[[ssh.Target], Connector] | None = None,
+        secrets: Iterable[str] = (),
     ) -> None:
         self.plan, self.pool, self.targets, self.router = plan, pool, targets, router
         self.sudo = sudo
+        self.secrets = list(secrets)  # masked in the journal lines an error shows
         self.log = log or (lambda _message: None)
         # How to reach a worker's HTTP port: by default through its host's SSH connection.
         self.connector = connector or pool.connector
@@ -76,18 +80,33 @@ class Actuator:
             )
         return result
 
-    def states(self) -> dict[str, SlotState]:
-        """Every planned slot's unit state, read live (one SSH command per host)."""
+    def states(self, *, strict: bool = True) -> dict[str, SlotState]:
+        """Every planned slot's unit state, read live (one SSH command per host).
+        ``strict=False``: a host that cannot be read gives its slots the state "unknown"."""
         found: dict[str, SlotState] = {}
         by_host: dict[str, list[Slot]] = {}
         for slot in self.plan.slots():
             by_host.setdefault(slot.host, []).append(slot)
+
+        def read(host: str) -> str | None:
+            try:
+                return self._unitctl(host, "states").stdout
+            except HostError:
+                if strict:
+                    raise
+                return None
+
         # One command per host, all hosts at once (the pool runs them on their own channels).
         with ThreadPoolExecutor(max_workers=min(16, len(by_host) or 1)) as workers:
-            read = workers.map(lambda h: self._unitctl(h, "states").stdout, by_host)
-            outputs = dict(zip(by_host, read, strict=True))
+            outputs = dict(zip(by_host, workers.map(read, by_host), strict=True))
         for host, slots in by_host.items():
-            found.update(parse_states(outputs[host], slots))
+            output = outputs[host]
+            if output is None:
+                found.update(
+                    {s.name: SlotState(slot=s, active="unknown", config=None) for s in slots}
+                )
+            else:
+                found.update(parse_states(output, slots))
         return found
 
     def start(self, slot: Slot) -> None:
@@ -108,18 +127,34 @@ class Actuator:
             return False
         return response.status == 200
 
+    def why(self, slot: Slot) -> Unhealthy:
+        """The slot's unit state, restart count and last journal lines (secrets masked)."""
+        output = self._unitctl(slot.host, "why", slot.group, str(slot.index)).stdout
+        unit = slot.unit(self.plan.service)
+        return from_unitctl(slot.name, slot.host, unit, output, self.secrets)
+
     def wait_healthy(self, slot: Slot, timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout or self.plan.start_timeout)
+        """Until the slot answers its probe; an error with the unit's journal as soon as
+        systemd has given up on it (no waiting out the start timeout on a crash loop)."""
+        budget = timeout or self.plan.start_timeout
+        deadline = time.monotonic() + budget
+        next_check = time.monotonic() + UNIT_CHECK
+        hint = f"pdctl logs {self.plan.service} {slot.name}"
         while time.monotonic() < deadline:
             if self.healthy(slot):
                 return
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + UNIT_CHECK
+                report = self.why(slot)
+                if report.state == "failed":
+                    raise UnhealthyUnits(f"{slot.name} did not start", [report], hint=hint)
             # A probe is one request over a pooled connection: poll often, so a slot that
             # just came up is registered within a fraction of a second, not a whole interval.
             time.sleep(min(HEALTH_POLL, float(self.plan.probe["interval"])))
-        raise HostError(
-            f"{slot.name} on {slot.host} did not become healthy within "
-            f"{timeout or self.plan.start_timeout:.0f} s",
-            hint=f"pdctl logs {self.plan.service} {slot.name}",
+        raise UnhealthyUnits(
+            f"{slot.name} did not become healthy within {budget:.0f} s",
+            [self.why(slot)],
+            hint=hint,
         )
 
     def register(self, slot: Slot) -> None:

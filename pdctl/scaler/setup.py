@@ -45,7 +45,11 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read the scaler config {config_path}: {exc}") from exc
     plan = plan_from_extravars(config["plan"])
+    # The fleet's pins (pd_scaler copies its known_hosts): a worker without one is refused.
     pool = ssh.Pool(ssh.KnownHosts(Path(config["known_hosts"])), plan.fleet)
+    # Straight to each worker, never through the fleet's jump host: the router host is on
+    # the workers' network (the router itself sends them requests), and the scaler's key
+    # is authorized on the workers only.
     targets = {  # hosts: {inventory name: [address, ssh port]}
         name: ssh.Target(
             address=str(address),

@@ -418,12 +418,19 @@ def test_plan_file_marks_every_string_unsafe(home: Path, tmp_path: Path) -> None
     """`pdctl plan -o` writes what a pipeline's ansible-playbook loads (`-e @plan.yml`):
     loaded as Ansible loads extra-vars, no string in it may be trusted as a template."""
     spec = tmp_path / "pd.yml"
-    hostile = "  - \"X={{ lookup('pipe', 'id') }}\"\n"
+    hostile = "  - \"X={{ lookup('pipe', 'id') }}\"\n  - N=3\n  - B=yes\n  - E=\n  - T=~\n"
     spec.write_text(sub("  - MODEL_ID=org/model\n", "  - MODEL_ID=org/model\n" + hostile))
     out = tmp_path / "plan.yml"
     pdctl(home, "plan", str(spec), "--fleet", "f", "-o", str(out), env={"HF_TOKEN": "x"})
     loaded = DataLoader().load_from_file(str(out), trusted_as_template=True)
-    assert loaded["pd_env"]["X"] == "{{ lookup('pipe', 'id') }}"
+    assert loaded["pd_env"] == {  # every value still the text it was, no YAML retyping
+        "MODEL_ID": "org/model",
+        "X": "{{ lookup('pipe', 'id') }}",
+        "N": "3",
+        "B": "yes",
+        "E": "",
+        "T": "~",
+    }
     values = [v for name, value in loaded.items() for v in _strings(value)]
     assert len(values) > 20
     assert not [v for v in values if is_trusted_as_template(v)]

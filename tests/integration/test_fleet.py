@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pdctl import fleet as fleets
+from pdctl import inventory
 from pdctl.runner import STRATEGY_VARIABLE, run_playbook
+from pdctl.workspace import Workspace
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
 
 FAULTS = {
@@ -49,6 +52,10 @@ def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
         assert add.returncode == 5, add.stderr
         assert "Traceback" not in add.stderr
         assert "4 of 5 host(s) failed preflight" in add.stderr
+        shown = {h["address"]: h for h in pdctl_json(lab5.home, "fleet", "show", "lab")["hosts"]}
+        at_add = shown[address["node5"]]["preflight"]["checks"]
+        assert [c["name"] for c in at_add] == ["ssh"]
+        assert "Unable to connect to port 22" in at_add[0]["message"]
 
         check = pdctl(lab5.home, "--json", "fleet", "check", "lab", check=False)
         assert check.returncode == 5
@@ -65,8 +72,9 @@ def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
         assert [c["name"] for c in failed[address["node2"]]] == ["rdma_devices"]
         assert "bnxt_re3 port 1 is PORT_DOWN" in text[address["node3"]]
         assert "libbnxt_re-rdmav34.so" in text[address["node4"]]
+        # never reached, so no key is pinned for it: refused, nothing checked on it
         assert [c["name"] for c in failed[address["node5"]]] == ["ssh"]
-        assert "Unable to connect to port 22" in text[address["node5"]]
+        assert "no host key is pinned for it" in text[address["node5"]]
         healthy = next(h for h in doc["hosts"] if h["address"] == address["node1"])
         assert healthy["ok"] and {c["name"] for c in healthy["checks"]} >= {
             "ssh",
@@ -83,11 +91,17 @@ def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
     finally:
         for host in FAULTS:
             lab5.fault(host, "clear")
+    # Reachable again, node5 is still refused (and only it) until the fix it names pins it.
+    doc = pdctl_json(lab5.home, "fleet", "check", "lab", check=False)
+    refused = _failed(doc)
+    assert list(refused) == [address["node5"]]
+    fix = f"pdctl fleet add lab --host {address['node5']} --repin"
+    assert fix in refused[address["node5"]][0]["message"]
+    pdctl(lab5.home, *fix.split()[1:])
     doc = pdctl_json(lab5.home, "fleet", "check", "lab")
     assert all(h["ok"] for h in doc["hosts"]) and len(doc["hosts"]) == 5
-    # node5 was unreachable at add time: its key got pinned and its facts gathered now.
     node5 = next(h for h in doc["hosts"] if h["address"] == address["node5"])
-    assert node5["kind"] == "gpu"
+    assert node5["kind"] == "gpu"  # its facts were gathered when it was pinned
 
 
 def test_a_host_without_passwordless_sudo_is_named_and_still_probed(lab5: Lab) -> None:
@@ -211,3 +225,61 @@ def test_list_show_and_remove(lab5: Lab, tmp_path: Path) -> None:
     assert pdctl_json(lab5.home, "fleet", "list")["fleets"][0]["hosts"] == 4
     pdctl(lab5.home, "fleet", "remove", "lab", "-y")
     assert pdctl_json(lab5.home, "fleet", "list")["fleets"] == []
+
+
+def _host_key(lab: Lab, name: str) -> str:
+    """The fingerprint of a lab host's ED25519 key, read on the host itself."""
+    line = lab.ssh(name, "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub", user="root").stdout
+    return line.split()[1]
+
+
+def test_a_jump_host_is_pinned_at_add_and_checked_on_every_path(
+    lab5: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pdctl(lab5.home, "fleet", "remove", "lab", "-y", check=False)  # node2 and node3 are ours
+    jump, hosts = lab5.host("node1"), [lab5.host("node2"), lab5.host("node3")]
+    via = f"pdops@{jump['address']}"
+    add = [
+        *("fleet", "add", "jumped", "--identity-file", jump["identity_file"]),
+        *(arg for h in hosts for arg in ("--host", f"pdops@{h['address']}")),
+        *("--proxy-jump", via),
+    ]
+    try:
+        added = pdctl_json(lab5.home, *add)
+        assert added["proxy_jump"] == {"host": via, "fingerprint": _host_key(lab5, "node1")}
+        assert all(h["ok"] for h in added["hosts"])  # the preflight reached them through it
+        lab5.ssh(
+            "node1",
+            "rm -f /etc/ssh/ssh_host_*; ssh-keygen -A >/dev/null; systemctl restart ssh",
+            user="root",
+        )
+        repin = f"pdctl fleet add jumped --proxy-jump {via} --repin"
+        # pdctl's SSH refuses every host behind it, naming the jump host and the fix
+        check = pdctl(lab5.home, "--json", "fleet", "check", "jumped", check=False)
+        assert check.returncode == 5
+        for host in json.loads(check.stdout)["hosts"]:
+            assert [c["name"] for c in host["checks"]] == ["ssh"]
+            message = host["checks"][0]["message"]
+            assert message.startswith(f"jump host {via}: host key changed!"), message
+            assert repin in message
+        # Ansible refuses them too, under both strategies (its ProxyCommand pins the jump hop)
+        jumped = inventory.load(Workspace(lab5.home), "jumped")
+        inventory_dir = inventory.fleet_dir(Workspace(lab5.home), "jumped")
+        monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(tmp_path / "cp"))
+        target = hosts[0]["address"]
+        for strategy in ("linear", "mitogen"):
+            monkeypatch.setenv(STRATEGY_VARIABLE, strategy)
+            summary = run_playbook("preflight.yml", inventory_dir, limit=target)
+            assert summary.rc != 0 and target in summary.unreachable(), (strategy, summary)
+            reached = {r.action for r in summary.results if r.status == "ok"}
+            assert reached <= {"ansible.builtin.validate_argument_spec"}, (strategy, reached)
+            reason = fleets.unreachable_reason(jumped, target, summary.unreachable()[target])
+            assert reason.startswith(f"jump host {via}: ") and repin in reason, reason
+        # the fix named: the new key is pinned and shown, and every path gets through again
+        repinned = pdctl_json(lab5.home, *repin.split()[1:])
+        assert repinned["proxy_jump"]["fingerprint"] == _host_key(lab5, "node1")
+        assert all(h["ok"] for h in pdctl_json(lab5.home, "fleet", "check", "jumped")["hosts"])
+        summary = run_playbook("preflight.yml", inventory_dir, limit=target)
+        assert summary.rc == 0, summary  # under Mitogen (still set)
+    finally:
+        pdctl(lab5.home, "fleet", "remove", "jumped", "-y", check=False)

@@ -25,6 +25,8 @@ import pytest
 from pdctl.plan import Plan
 from tests.support import Lab, assert_apart, chat, lab_fleet, lab_service, pdctl
 
+pytestmark = pytest.mark.lab
+
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "lab" / "pd.yml"
 # Each service's router port and router metrics port: their routers share node1.
 PORTS = {"a": (8000, 29000), "b": (8001, 29001), "c": (8002, 29002)}

@@ -9,7 +9,7 @@ import pytest
 
 from pdctl import deploy, inventory, sharing
 from pdctl import service as services
-from pdctl.errors import HostError
+from pdctl.errors import HostError, InputError
 from pdctl.holdings_probe import report
 from pdctl.plan import Held, held_by
 from pdctl.workspace import Workspace
@@ -141,7 +141,7 @@ def test_make_plan_goes_around_the_workspaces_other_services(
         ("gpu2", (4, 5, 6, 7)),
     }
     assert [w.split(":")[0] for w in warnings] == ["cpu1", "gpu1", "gpu2"]
-    assert "host key is not pinned" in warnings[0]
+    assert "no host key is pinned" in warnings[0]
     _, _, again = deploy.make_plan(
         workspace, spec_file(tmp_path, "a", 8000, 29000), "f", environ=ENV, warn=warnings.append
     )
@@ -160,3 +160,26 @@ def test_hosts_that_placement_never_uses_are_not_read(workspace: Workspace) -> N
     fleet.hosts.append(host("gpu3", ok=False))
     found = sharing.read_hosts(workspace, fleet, set())
     assert sorted(found.unread) == ["cpu1", "gpu1", "gpu2"] and found.held == []
+
+
+def test_a_deploy_that_did_not_complete_holds_its_plan_too(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    """A failed first deploy of a may have started its units: b goes around them."""
+    a = place("a")
+    directory = services.state_dir(workspace, "a")
+    directory.mkdir(parents=True)
+    (directory / services.APPLYING).write_text(a.model_dump_json())
+    spec = spec_file(tmp_path, "b", 8001, 29001)
+    _, _, b = deploy.make_plan(workspace, spec, "f", environ=ENV, warn=lambda _: None)
+    assert b == place("b", held_by(a), port=8001, metrics=29001)
+
+
+def test_an_unreadable_plan_of_another_service_refuses_the_plan(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    directory = services.state_dir(workspace, "a")
+    directory.mkdir(parents=True)
+    (directory / services.PLAN).write_text("{not json")
+    with pytest.raises(InputError, match=r"plan\.json is unreadable"):
+        deploy.make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)
