@@ -17,12 +17,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from pdctl import drift, inventory, runner, unhealthy
+from pdctl import drift, inventory, runner, sharing, unhealthy
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan, Slot, build
+from pdctl.plan import WORKER_ROLES, Plan, Slot, build, held_by
 from pdctl.scaler import control
 from pdctl.scaler.act import Actuator, SlotState
 from pdctl.scaler.setup import handle_store
@@ -54,10 +54,37 @@ def make_plan(
     *,
     allow_partial: bool = False,
     environ: Mapping[str, str] | None = None,
+    warn: Progress | None = None,
 ) -> tuple[Spec, Env, Plan]:
+    """The spec placed on the fleet around what the fleet's other services hold.
+
+    First around this workspace's other services alone, so that a spec's own conflicts and
+    a plain lack of GPUs are refused before any host is contacted; then around what the
+    hosts show of services deployed from elsewhere. A host of the plan that could not be
+    read refuses the plan (HostError), unless ``warn`` is given (`pdctl plan`, a preview):
+    then it is told there.
+    """
     spec, env = load(spec_path, os.environ if environ is None else environ)
     fleet_model = inventory.load(workspace, resolve_fleet(workspace, spec, fleet))
-    return spec, env, build(spec, env, fleet_model, allow_partial=allow_partial)
+    others = sharing.stored_plans(workspace, fleet_model.name, spec.name)
+    held = [h for other in others for h in held_by(other)]
+    plan = build(spec, env, fleet_model, allow_partial=allow_partial, held=held)
+    explained = {spec.name, *(other.service for other in others)}
+    found = sharing.read_hosts(workspace, fleet_model, explained)
+    if found.held:
+        held += found.held
+        plan = build(spec, env, fleet_model, allow_partial=allow_partial, held=held)
+    for host in plan.hosts():
+        if host not in found.unread:
+            continue
+        message = (
+            f"{host}: cannot read which GPUs and ports other services hold there "
+            f"({found.unread[host]})"
+        )
+        if warn is None:
+            raise HostError(message, hint="check the host: pdctl fleet check " + plan.fleet)
+        warn(f"{message}; the plan does not know of services deployed there from elsewhere")
+    return spec, env, plan
 
 
 def write_plan_file(plan: Plan, path: Path) -> None:
@@ -129,7 +156,15 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
             )
         if (before.min, before.max) != (after.min, after.max):
             lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
-    for key in ("env", "secret_names", "volumes", "stop_timeout", "start_timeout", "probe"):
+    for key in (
+        "env",
+        "secret_names",
+        "volumes",
+        "stop_timeout",
+        "start_timeout",
+        "probe",
+        "scaler_metrics_port",
+    ):
         if getattr(old, key) != getattr(new, key):
             lines.append(f"~ {key} changed")
     return lines

@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,10 +159,6 @@ class Observed:
     error: str | None = None
 
 
-def _probe_command(become: bool) -> str:
-    return "sudo -n python3 -" if become else "python3 -"
-
-
 def observe(handle: services.Handle, key: bytes) -> dict[str, Observed]:
     """Read every host of the plan at once: one SSH command per host, over the pool."""
     plan = handle.plan
@@ -180,25 +175,18 @@ def observe(handle: services.Handle, key: bytes) -> dict[str, Observed]:
         }
         # The parameters travel with the source on stdin: nothing of them in any argv.
         source = f"{_PROBE_SOURCE}\nmain({json.dumps(params)!r})\n"
+        become = handle.fleet.settings.become
         try:
-            with handle.pool.session(handle.targets[host]) as client:
-                result = ssh.run(
-                    client, _probe_command(handle.fleet.settings.become), stdin=source, timeout=60
-                )
+            stdout = ssh.run_python(handle.pool, handle.targets[host], source, become=become)
         except (PdctlError, OSError) as exc:
             return Observed({}, {}, {}, {}, error=f"cannot read it: {exc}")
-        if result.rc != 0:
-            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            return Observed({}, {}, {}, {}, error=f"cannot read it: {tail}")
-        doc = json.loads(result.stdout)
+        doc = json.loads(stdout)
         states = {}
         if doc.get("states") is not None:
             states = parse_states(doc["states"], list(expect.slots))
         return Observed(doc["files"], doc["units"], doc["images"], states)
 
-    hosts = plan.hosts()
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
-        return dict(zip(hosts, pool.map(read, hosts), strict=True))
+    return ssh.at_once(plan.hosts(), read)
 
 
 def compare(

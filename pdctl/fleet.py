@@ -463,23 +463,6 @@ def failure(doc: dict[str, Any]) -> CheckFailed | None:
     )
 
 
-def _stored_plans(workspace: Workspace) -> list[tuple[str, Plan | str]]:
-    """Each service deployed from the workspace with each of its plans (the last applied,
-    and that of a deploy that did not complete), or why a plan is unreadable."""
-    found: list[tuple[str, Plan | str]] = []
-    root = workspace.services
-    if not root.is_dir():
-        return found
-    names = (services.PLAN, services.APPLYING)
-    for path in sorted(p for name in names for p in root.glob(f"*/{name}")):
-        try:
-            found.append((path.parent.name, Plan.model_validate_json(path.read_text())))
-        except (OSError, ValueError) as exc:
-            reason = f"{path} is unreadable: {' '.join(str(exc).split())[:200]}"
-            found.append((path.parent.name, reason))
-    return found
-
-
 def _uses(plan: Plan) -> dict[str, list[str]]:
     """Host -> what the plan has there: its router, its slots (spares too: the scaler starts
     them on that host whenever it scales out)."""
@@ -492,7 +475,7 @@ def _uses(plan: Plan) -> dict[str, list[str]]:
 def placements(workspace: Workspace, fleet: str) -> dict[str, list[str]]:
     """Service -> the fleet hosts it uses (router or slots; from each service's stored plan)."""
     found: dict[str, set[str]] = {}
-    for service, plan in _stored_plans(workspace):
+    for service, plan in services.every_plan(workspace):
         if isinstance(plan, Plan) and plan.fleet == fleet:
             found.setdefault(service, set()).update(_uses(plan))
     return {service: sorted(hosts) for service, hosts in found.items()}
@@ -502,7 +485,7 @@ def _refuse_in_use(workspace: Workspace, fleet: str, hosts: set[str]) -> None:
     """CheckFailed naming each service with its router or a slot on one of these hosts (and
     each service whose plan cannot be read: it may have)."""
     found = []
-    for service, plan in _stored_plans(workspace):
+    for service, plan in services.every_plan(workspace):
         if not isinstance(plan, Plan):
             found.append(f"cannot tell what service {service} uses: {plan}")
         elif plan.fleet == fleet:

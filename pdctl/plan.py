@@ -2,9 +2,10 @@
 
 Every slot up to each group's max is planned now (the scaler only starts and
 stops planned slots); the min are started. A slot owns its GPUs, serving port
-and bootstrap port on its host. Deterministic: the same inputs give the same
-plan, byte for byte, so plans diff cleanly. The plan is also the extra-vars
-document of playbooks/deploy.yml.
+and bootstrap port on its host. Services share a fleet: what the others hold
+(their GPUs and ports, spares included; the caller gathers it) is left alone.
+Deterministic: the same inputs give the same plan, byte for byte, so plans diff
+cleanly. The plan is also the extra-vars document of playbooks/deploy.yml.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -20,15 +23,21 @@ from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.inventory import Fleet, FleetHost
 from pdctl.router_flags import kept_flags, launch_line
-from pdctl.spec import Env, ReplicaGroup, Spec
+from pdctl.spec import DEFAULT_PORT_STRIDE, Env, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
 WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
 CONTAINER_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
 RENDER_MINOR_BASE = 128
-# pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults).
+# pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults): the first
+# choice; a service whose router host already has another service's scaler takes the next
+# free port (the plan's scaler_metrics_port, pd_scaler_metrics_port of the extra-vars).
 SCALER_METRICS_PORT = 29100
+# What the listeners of a service are called in plans and refusals.
+ROUTER = "router"
+ROUTER_METRICS = "router's metrics"
+SCALER_METRICS = "scaler's metrics"
 
 
 class Slot(BaseModel):
@@ -110,6 +119,9 @@ class Plan(BaseModel):
     model: str | None
     router: RouterPlan
     groups: dict[str, GroupPlan]
+    # Defaulted so that a stored plan.json without them (an older pdctl's) still loads.
+    port_stride: int = DEFAULT_PORT_STRIDE
+    scaler_metrics_port: int = SCALER_METRICS_PORT
     excluded_hosts: dict[str, str] = Field(default_factory=dict)
 
     def slots(self) -> list[Slot]:
@@ -162,6 +174,80 @@ def plan_from_extravars(doc: dict[str, Any]) -> Plan:
         groups[role] = {**groups[role], "slots": sorted(slots[role], key=lambda s: s["index"])}
     known = set(Plan.model_fields)
     return Plan.model_validate({key: value for key, value in fields.items() if key in known})
+
+
+@dataclass(frozen=True)
+class Listener:
+    """The ports first..last that one listener of a plan takes on its host."""
+
+    host: str
+    first: int
+    last: int
+    what: str  # ROUTER, "prefill/2", "prefill/2's bootstrap port", ...
+    field: str | None  # the spec field that moves it (None: pdctl picks the port)
+
+    def describe(self) -> str:
+        return f"{self.what} ({self.field})" if self.field else self.what
+
+
+@dataclass(frozen=True)
+class Held:
+    """GPUs, or the ports first..last, that a service holds on a host."""
+
+    service: str
+    host: str
+    what: str  # as Listener.what, or a slot's name for its GPUs
+    gpus: tuple[int, ...] = ()
+    ports: tuple[int, int] | None = None
+
+    @property
+    def owner(self) -> str:
+        return f"service {self.service}'s {self.what}"
+
+
+def bootstrap_of(slot_name: str) -> str:
+    """What a slot's bootstrap port is called (a Listener's or Held's ``what``)."""
+    return f"{slot_name}'s bootstrap port"
+
+
+def listeners(plan: Plan) -> list[Listener]:
+    """Every port the plan listens on. A worker takes `port_stride` ports from its own on."""
+    router = plan.router
+    found = [
+        Listener(router.host, router.port, router.port, ROUTER, "port"),
+        Listener(
+            router.host,
+            router.metrics_port,
+            router.metrics_port,
+            ROUTER_METRICS,
+            "pdctl.router.metrics_port",
+        ),
+        Listener(
+            router.host, plan.scaler_metrics_port, plan.scaler_metrics_port, SCALER_METRICS, None
+        ),
+    ]
+    for slot in plan.slots():
+        last = slot.port + plan.port_stride - 1
+        found.append(Listener(slot.host, slot.port, last, slot.name, "pdctl.ports.base, stride"))
+        if slot.bootstrap_port is not None:
+            boot = slot.bootstrap_port
+            found.append(
+                Listener(
+                    slot.host, boot, boot, bootstrap_of(slot.name), "pdctl.ports.bootstrap_base"
+                )
+            )
+    return found
+
+
+def held_by(plan: Plan) -> list[Held]:
+    """What a deployed plan holds: every slot's GPUs (spares too: they are its scaler's
+    room) and every listener's ports."""
+    ports = [
+        Held(plan.service, item.host, item.what, ports=(item.first, item.last))
+        for item in listeners(plan)
+    ]
+    gpus = [Held(plan.service, s.host, s.name, gpus=tuple(s.gpus)) for s in plan.slots()]
+    return ports + gpus
 
 
 def _natural(name: str) -> tuple[Any, ...]:
@@ -226,16 +312,24 @@ def _fits(host: FleetHost, group: ReplicaGroup, spec: Spec) -> str | None:
     return None
 
 
+def unusable(host: FleetHost) -> str | None:
+    """Why placement never uses a host (None: it may)."""
+    if host.preflight is None:
+        return "never checked (run `pdctl fleet check`)"
+    if not host.preflight.ok:
+        failed = [c["name"] for c in host.preflight.checks if not c["ok"]]
+        return f"failed preflight ({', '.join(failed)})"
+    return None
+
+
 def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
     hosts = []
     for host in sorted(fleet.hosts, key=lambda h: _natural(h.name)):
-        if host.preflight is None:
-            excluded[host.name] = "never checked (run `pdctl fleet check`)"
-        elif not host.preflight.ok:
-            failed = [c["name"] for c in host.preflight.checks if not c["ok"]]
-            excluded[host.name] = f"failed preflight ({', '.join(failed)})"
-        else:
+        reason = unusable(host)
+        if reason is None:
             hosts.append(host)
+        else:
+            excluded[host.name] = reason
     return hosts
 
 
@@ -253,65 +347,99 @@ def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
     raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
 
 
-def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) -> Plan:
+def build(
+    spec: Spec,
+    env: Env,
+    fleet: Fleet,
+    *,
+    allow_partial: bool = False,
+    held: Sequence[Held] = (),
+) -> Plan:
+    """Place the service on the fleet, around what other services hold there (``held``).
+
+    The spec's own service's holdings are ignored: a re-plan is not pushed off its own GPUs
+    and ports, so a redeploy keeps its placement.
+    """
+    others = [h for h in held if h.service != spec.name]
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
     router_host = _router_host(spec, hosts)
-    free = {
-        h.name: list(range(int(((h.facts or {}).get("gpus") or {}).get("count") or 0)))
-        for h in hosts
-        if h.kind == "gpu"
+    groups: dict[str, GroupPlan] = {role: _group_plan(spec, env, role) for role in WORKER_ROLES}
+    candidates: dict[str, list[FleetHost]] = {
+        role: _candidates(spec, role, hosts, excluded) for role in WORKER_ROLES
     }
-    used_ports: dict[str, int] = {}
-    groups: dict[str, GroupPlan] = {}
-    shortfalls: list[str] = []
-    candidates: dict[str, list[FleetHost]] = {}
+    shortfalls = _place(spec, groups, candidates, hosts, others)
+    _check_capacity(groups, shortfalls, _gpu_holders(others, candidates), allow_partial)
     for role in WORKER_ROLES:
-        group = spec.group(role)
-        gpu = spec.gpus(group)
-        per_replica = gpu.count if gpu else 1
-        low, high = group.count
-        image = group.image or spec.image
-        script = worker_script(group.commands, role)
-        groups[role] = GroupPlan(
-            role=role,
-            min=low,
-            max=high,
-            gpus_per_replica=per_replica,
-            scaling=group.scaling.model_dump() if group.scaling else None,
-            image=image,
-            script=script,
-            config=_config_hash(image, script, env, spec, per_replica),
-        )
-        candidates[role] = []
-        for h in hosts:
-            reason = _fits(h, group, spec) if h.kind == "gpu" else "CPU host"
-            if reason is None:
-                candidates[role].append(h)
-            elif h.kind == "gpu":
-                excluded.setdefault(h.name, reason)
-    # Every group's minimum first, then the spares; prefill and decode take turns, so one
-    # group's spares never crowd out the other's minimum.
-    order = [
-        (role, index)
-        for index in range(1, max(g.max for g in groups.values()) + 1)
-        for role in WORKER_ROLES
-        if index <= groups[role].min
-    ]
-    order += [
-        (role, index)
-        for index in range(1, max(g.max for g in groups.values()) + 1)
-        for role in WORKER_ROLES
-        if groups[role].min < index <= groups[role].max
-    ]
+        groups[role].max = len(groups[role].slots)
+    plan = _plan(spec, env, fleet, router_host, groups, excluded)
+    plan.scaler_metrics_port = _scaler_port(plan, others)
+    _check_listeners(plan, others)
+    return plan
+
+
+def _group_plan(spec: Spec, env: Env, role: WorkerRole) -> GroupPlan:
+    group = spec.group(role)
+    gpu = spec.gpus(group)
+    per_replica = gpu.count if gpu else 1
+    low, high = group.count
+    image = group.image or spec.image
+    script = worker_script(group.commands, role)
+    return GroupPlan(
+        role=role,
+        min=low,
+        max=high,
+        gpus_per_replica=per_replica,
+        scaling=group.scaling.model_dump() if group.scaling else None,
+        image=image,
+        script=script,
+        config=_config_hash(image, script, env, spec, per_replica),
+    )
+
+
+def _candidates(
+    spec: Spec, role: WorkerRole, hosts: list[FleetHost], excluded: dict[str, str]
+) -> list[FleetHost]:
+    """The hosts that can take the group's replicas; the GPU hosts that cannot say why."""
+    group = spec.group(role)
+    found = []
+    for host in hosts:
+        reason = _fits(host, group, spec) if host.kind == "gpu" else "CPU host"
+        if reason is None:
+            found.append(host)
+        elif host.kind == "gpu":
+            excluded.setdefault(host.name, reason)
+    return found
+
+
+def _order(groups: dict[str, GroupPlan]) -> list[tuple[WorkerRole, int]]:
+    """Every group's minimum first, then the spares; prefill and decode take turns, so one
+    group's spares never crowd out the other's minimum."""
+    indexes = range(1, max(g.max for g in groups.values()) + 1)
+    minimum = [(r, i) for i in indexes for r in WORKER_ROLES if i <= groups[r].min]
+    spares = [(r, i) for i in indexes for r in WORKER_ROLES if groups[r].min < i <= groups[r].max]
+    return minimum + spares
+
+
+def _place(
+    spec: Spec,
+    groups: dict[str, GroupPlan],
+    candidates: dict[str, list[FleetHost]],
+    hosts: list[FleetHost],
+    held: Sequence[Held],
+) -> list[str]:
+    """Put each slot on the host with the most free GPUs; the groups that ran out, each as
+    "role: N of M slots fit"."""
+    free = {h.name: _free_gpus(h, held) for h in hosts if h.kind == "gpu"}
+    positions: dict[str, int] = {}
+    shortfalls: list[str] = []
     full: set[str] = set()
-    for role, index in order:
+    for role, index in _order(groups):
         group_plan = groups[role]
         if role in full:
             continue
         per_replica = group_plan.gpus_per_replica
-        # The host with the most free GPUs (max keeps the first, lowest-named, of equals):
-        # replicas spread across hosts.
+        # max keeps the first (lowest-named) of equals: replicas spread across hosts.
         host = max(candidates[role], key=lambda h: len(free[h.name]), default=None)
         if host is None or len(free[host.name]) < per_replica:
             shortfalls.append(
@@ -319,40 +447,104 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
             )
             full.add(role)
             continue
-        taken, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
-        nth = used_ports.get(host.name, 0)
-        used_ports[host.name] = nth + 1
-        ports = spec.pdctl.ports
+        gpus, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
+        nth = _free_position(spec, role, positions.get(host.name, 0), _ports_on(held, host.name))
+        positions[host.name] = nth + 1
+        port, bootstrap = _slot_ports(spec, role, nth)
         group_plan.slots.append(
             Slot(
                 group=role,
                 index=index,
                 host=host.name,
                 address=host.address,
-                gpus=taken,
-                port=ports.base + nth * ports.stride,
-                bootstrap_port=ports.bootstrap_base + nth if role == "prefill" else None,
+                gpus=gpus,
+                port=port,
+                bootstrap_port=bootstrap,
                 start=index <= group_plan.min,
             )
         )
+    return shortfalls
+
+
+def _free_gpus(host: FleetHost, held: Sequence[Held]) -> list[int]:
+    """The host's GPUs that no other service holds."""
+    count = int(((host.facts or {}).get("gpus") or {}).get("count") or 0)
+    taken = {g for h in held if h.host == host.name for g in h.gpus}
+    return [g for g in range(count) if g not in taken]
+
+
+def _ports_on(held: Sequence[Held], host: str) -> list[tuple[int, int]]:
+    return [h.ports for h in held if h.host == host and h.ports is not None]
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _slot_ports(spec: Spec, role: WorkerRole, nth: int) -> tuple[int, int | None]:
+    """The serving port and (prefill only) bootstrap port of the nth slot position on a host."""
+    ports = spec.pdctl.ports
+    return (
+        ports.base + nth * ports.stride,
+        ports.bootstrap_base + nth if role == "prefill" else None,
+    )
+
+
+def _free_position(spec: Spec, role: WorkerRole, nth: int, taken: list[tuple[int, int]]) -> int:
+    """The first slot position from ``nth`` on whose worker ports (and bootstrap port) no
+    other service holds on the host. Ends: every position takes higher ports than the last."""
+    while True:
+        port, bootstrap = _slot_ports(spec, role, nth)
+        wanted = [(port, port + spec.pdctl.ports.stride - 1)]
+        if bootstrap is not None:
+            wanted.append((bootstrap, bootstrap))
+        if not any(_overlaps(a, b) for a in wanted for b in taken):
+            return nth
+        nth += 1
+
+
+def _gpu_holders(held: Sequence[Held], candidates: dict[str, list[FleetHost]]) -> str:
+    """Who holds GPUs on the hosts the groups could use: "gpu1: GPUs 0,1 (service a's
+    prefill/1), ...; gpu2: ..." ("" when nobody does)."""
+    hosts = sorted({h.name for found in candidates.values() for h in found}, key=_natural)
+    parts = []
+    for host in hosts:
+        owned = sorted((h for h in held if h.host == host and h.gpus), key=lambda h: h.gpus)
+        if owned:
+            gpus = ", ".join(f"{','.join(map(str, h.gpus))} ({h.owner})" for h in owned)
+            parts.append(f"{host}: GPUs {gpus}")
+    return "; ".join(parts)
+
+
+def _check_capacity(
+    groups: dict[str, GroupPlan], shortfalls: list[str], holders: str, allow_partial: bool
+) -> None:
+    others = f"; other services hold {holders}" if holders else ""
+    free_theirs = ", free GPUs other services hold (pdctl destroy)" if holders else ""
     for role in WORKER_ROLES:
-        placed = len(groups[role].slots)
-        if placed < groups[role].min:
+        if len(groups[role].slots) < groups[role].min:
             raise CheckFailed(
                 f"not enough GPUs: {'; '.join(shortfalls)}; even the minimum "
-                f"{groups[role].min} {role} replica(s) do not fit",
-                hint="add GPU hosts, fix failing ones (pdctl fleet check), or lower the counts",
+                f"{groups[role].min} {role} replica(s) do not fit{others}",
+                hint=f"add GPU hosts, fix failing ones (pdctl fleet check){free_theirs}, "
+                "or lower the counts",
             )
     if shortfalls and not allow_partial:
         raise CheckFailed(
-            f"not enough GPUs for every planned slot: {'; '.join(shortfalls)}",
-            hint="add GPU hosts, lower the max counts, or pass --allow-partial",
+            f"not enough GPUs for every planned slot: {'; '.join(shortfalls)}{others}",
+            hint=f"add GPU hosts{free_theirs}, lower the max counts, or pass --allow-partial",
         )
-    for role in WORKER_ROLES:
-        groups[role].max = len(groups[role].slots)
-    _check_listeners(spec, router_host.name, [s for r in WORKER_ROLES for s in groups[r].slots])
+
+
+def _plan(
+    spec: Spec,
+    env: Env,
+    fleet: Fleet,
+    router_host: FleetHost,
+    groups: dict[str, GroupPlan],
+    excluded: dict[str, str],
+) -> Plan:
     settings = spec.pdctl
-    volumes = _volumes(spec, fleet)
     probe = spec.probes[0] if spec.probes else None
     return Plan(
         service=spec.name,
@@ -361,7 +553,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         image_archive=settings.image_archive,
         env=env.plain,
         secret_names=env.secrets,
-        volumes=volumes,
+        volumes=_volumes(spec, fleet),
         privileged=spec.privileged,
         memlock=settings.memlock,
         start_timeout=int(settings.start_timeout),
@@ -382,49 +574,85 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
             wheelhouse=settings.wheelhouse,
         ),
         groups=groups,
+        port_stride=settings.ports.stride,
         excluded_hosts=dict(sorted(excluded.items())),
     )
 
 
-def _check_listeners(spec: Spec, router_host: str, slots: list[Slot]) -> None:
-    """No two listeners of the plan on one (host, port), and every port a TCP port.
+def _scaler_port(plan: Plan, held: Sequence[Held]) -> int:
+    """The scaler's metrics port: SCALER_METRICS_PORT, or the next port that neither the
+    plan's other listeners nor another service (its scaler, say) takes on the router host.
+    Planned rather than set in the spec: it listens on 127.0.0.1 only, so no client needs
+    to know it beforehand, and a second service's router on the same host just works."""
+    host = plan.router.host
+    busy = [
+        (item.first, item.last)
+        for item in listeners(plan)
+        if item.host == host and item.what != SCALER_METRICS
+    ]
+    busy += _ports_on(held, host)
+    port = SCALER_METRICS_PORT
+    while any(first <= port <= last for first, last in busy):
+        port += 1
+    return port
+
+
+def _check_listeners(plan: Plan, held: Sequence[Held]) -> None:
+    """No two listeners of the plan on one (host, port), none on a port another service
+    holds there, and every port a TCP port.
 
     A worker's port starts a range of `pdctl.ports.stride` ports: SGLang opens internal
     ports from --port + 233. The router's, its metrics' and the scaler's ports and every
     prefill's bootstrap port must stay out of every such range on their host.
     """
-    stride = spec.pdctl.ports.stride
-    spans: dict[str, list[tuple[int, int, str]]] = {
-        router_host: [
-            (spec.port, spec.port, "the router (port)"),
-            (m := spec.pdctl.router.metrics_port, m, "the router's metrics (metrics_port)"),
-            (SCALER_METRICS_PORT, SCALER_METRICS_PORT, "the scaler's metrics"),
-        ]
-    }
-    for slot in slots:
-        spans.setdefault(slot.host, []).append(
-            (slot.port, slot.port + stride - 1, f"{slot.name} (pdctl.ports.base, stride)")
-        )
-        if slot.bootstrap_port is not None:
-            spans[slot.host].append(
-                (slot.bootstrap_port, slot.bootstrap_port, f"{slot.name}'s bootstrap port")
+    mine: dict[str, list[Listener]] = {}
+    for listener in listeners(plan):
+        mine.setdefault(listener.host, []).append(listener)
+    for host in sorted(mine, key=_natural):
+        spans = sorted(mine[host], key=lambda x: (x.first, x.last, x.what))
+        _check_own(host, spans)
+        for listener in spans:
+            for other in held:
+                span = (listener.first, listener.last)
+                if other.host == host and other.ports and _overlaps(span, other.ports):
+                    raise _taken(plan.service, listener, other, max(span[0], other.ports[0]))
+
+
+def _check_own(host: str, spans: list[Listener]) -> None:
+    """The plan's own listeners on one host (sorted by first port) apart and below 65536."""
+    previous: Listener | None = None
+    for listener in spans:
+        if listener.last > 65535:
+            raise InputError(
+                f"{host}: {listener.describe()} would use ports up to {listener.last}, past 65535",
+                hint="lower pdctl.ports.base or pdctl.ports.stride, or the groups' max counts",
             )
-    for host in sorted(spans, key=_natural):
-        previous: tuple[int, int, str] | None = None
-        for start, end, owner in sorted(spans[host]):
-            if end > 65535:
-                raise InputError(
-                    f"{host}: {owner} would use ports up to {end}, past 65535",
-                    hint="lower pdctl.ports.base or pdctl.ports.stride, or the groups' max counts",
-                )
-            if previous is not None and start <= previous[1]:
-                raise InputError(
-                    f"{host}: port {start} is wanted by {previous[2]} and by {owner}",
-                    hint="move one: pdctl.ports.base/stride/bootstrap_base, port or "
-                    "pdctl.router.metrics_port in the spec",
-                )
-            if previous is None or end > previous[1]:
-                previous = (start, end, owner)
+        if previous is not None and listener.first <= previous.last:
+            raise InputError(
+                f"{host}: port {listener.first} is wanted by {previous.describe()} "
+                f"and by {listener.describe()}",
+                hint="move one: pdctl.ports.base/stride/bootstrap_base, port or "
+                "pdctl.router.metrics_port in the spec",
+            )
+        if previous is None or listener.last > previous.last:
+            previous = listener
+
+
+def _taken(service: str, listener: Listener, other: Held, port: int) -> InputError:
+    """A listener of the spec on a port another service holds. Only the ports the spec sets
+    (the router's and its metrics') get here: pdctl places the others around what is held."""
+    if listener.what == ROUTER:
+        return InputError(
+            f"{listener.host}: the router of service {service} cannot listen on port {port}: "
+            f"{other.owner} does, and the router's port is the service's public endpoint, "
+            "so pdctl does not move it",
+            hint="set another `port` in the spec (or pdctl.router.host to another host)",
+        )
+    return InputError(
+        f"{listener.host}: port {port} for service {service}'s {listener.what} is taken by "
+        f"{other.owner}",
+        hint=f"set another {listener.field or 'port'} in the spec",
+    )
 
 
 def _volumes(spec: Spec, fleet: Fleet) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pdctl import inventory, ssh
+from pdctl import inventory, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
 from pdctl.inventory import Fleet
 from pdctl.plan import Plan
@@ -33,6 +33,33 @@ LOCK = "deploy.lock"
 
 def state_dir(workspace: Workspace, name: str) -> Path:
     return workspace.service_dir(name)
+
+
+def names(workspace: Workspace) -> list[str]:
+    """The services deployed from this workspace: with a plan applied, or being applied (a
+    deploy that did not complete may have changed hosts too)."""
+    if not workspace.services.is_dir():
+        return []
+    found = {
+        p.parent.name for file in (PLAN, APPLYING) for p in workspace.services.glob(f"*/{file}")
+    }
+    return sorted(name for name in found if validate.SERVICE_NAME.fullmatch(name))
+
+
+def every_plan(workspace: Workspace) -> list[tuple[str, Plan | str]]:
+    """Each service deployed from the workspace with each of its plans (that of a deploy that
+    did not complete, and the last applied), or why a plan is unreadable."""
+    found: list[tuple[str, Plan | str]] = []
+    for name in names(workspace):
+        for file in (APPLYING, PLAN):
+            path = state_dir(workspace, name) / file
+            if not path.is_file():
+                continue
+            try:
+                found.append((name, Plan.model_validate_json(path.read_text())))
+            except (OSError, ValueError) as exc:
+                found.append((name, f"{path} is unreadable: {' '.join(str(exc).split())[:200]}"))
+    return found
 
 
 def _read(path: Path) -> Plan | None:
@@ -59,18 +86,10 @@ def load_plan(workspace: Workspace, name: str) -> Plan:
     """The service's newest plan: a deploy's that did not complete, else the last applied."""
     found = plans(workspace, name)
     if not found:
-        known = sorted(
-            {
-                p.parent.name
-                for pattern in (PLAN, APPLYING)
-                for p in workspace.services.glob(f"*/{pattern}")
-            }
-            if workspace.services.is_dir()
-            else set()
-        )
         raise NotFound(
             f"no service named {name!r} is deployed from this workspace",
-            hint=f"services: {', '.join(known) or 'none'}; `pdctl deploy pd.yml --fleet F`",
+            hint=f"services: {', '.join(names(workspace)) or 'none'}; "
+            "`pdctl deploy pd.yml --fleet F`",
         )
     return found[0]
 

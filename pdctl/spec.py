@@ -72,6 +72,11 @@ IGNORED_DSTACK_FIELDS = frozenset(
 # At most this many slots (replicas up to each group's max) per service: each is planned,
 # written and probed at every deploy.
 MAX_SLOTS = 1024
+# A worker takes the ports from its --port on: SGLang opens internal ones up to --port + 233,
+# so no stride may be shorter than this.
+MIN_PORT_STRIDE = 300
+DEFAULT_PORT_STRIDE = 1000
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB|TB)?\s*$", re.I)
 
@@ -312,8 +317,8 @@ class PdctlRouter(Strict):
 class PdctlPorts(Strict):
     base: Port = Field(30000, description="First worker port on a host.")
     stride: int = Field(
-        1000,
-        ge=300,
+        DEFAULT_PORT_STRIDE,
+        ge=MIN_PORT_STRIDE,
         le=10000,
         description="Between two workers on one host (SGLang uses port+233...).",
     )

@@ -15,10 +15,12 @@ import logging
 import re
 import shlex
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import paramiko
 
@@ -39,6 +41,7 @@ class _RefusedChannelFilter(logging.Filter):
 logging.getLogger("paramiko.transport").addFilter(_RefusedChannelFilter())
 
 CONNECT_TIMEOUT = 8.0
+R = TypeVar("R")
 Log = Callable[[str], None]
 # User and address become words of a shell command (the jump host's ProxyCommand in the
 # inventory) and inventory values: letters, digits and . _ -, never a leading - (an option);
@@ -420,3 +423,25 @@ class Pool:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+
+
+def run_python(
+    pool: Pool, target: Target, source: str, *, become: bool, timeout: float = 60.0
+) -> str:
+    """Run Python source on a host (``python3 -``, through sudo when ``become``); its stdout.
+
+    The source travels on stdin: nothing of it in any argv. HostError (the last line of its
+    stderr) when it exits non-zero.
+    """
+    command = "sudo -n python3 -" if become else "python3 -"
+    with pool.session(target) as client:
+        result = run(client, command, stdin=source, timeout=timeout)
+    if result.rc != 0:
+        raise HostError((result.stderr.strip().splitlines() or ["no output"])[-1])
+    return result.stdout
+
+
+def at_once(hosts: Sequence[str], work: Callable[[str], R]) -> dict[str, R]:
+    """``work`` on every host at the same time (threads: each waits on its own channel)."""
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
+        return dict(zip(hosts, pool.map(work, hosts), strict=True))

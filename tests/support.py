@@ -8,11 +8,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pdctl.plan import Plan, listeners
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
 
@@ -110,6 +114,10 @@ class Lab:
     def host(self, name: str) -> dict[str, Any]:
         return next(h for h in self.status()["hosts"] if h["name"] == name)
 
+    def node_at(self, address: str) -> str:
+        """The lab node name of a host address as pdctl reports it."""
+        return str(next(h["name"] for h in self.status()["hosts"] if h["address"] == address))
+
     def gpu_hosts(self) -> list[str]:
         return [h["name"] for h in self.status()["hosts"] if h["kind"] == "gpu"]
 
@@ -164,10 +172,81 @@ class Lab:
         pdctl(self.home, "lab", "fault", name, kind, *([arg] if arg else []))
 
 
+def chat(
+    endpoint: str, text: str, key: str | None, timeout: float = 10
+) -> tuple[int, dict[str, Any]]:
+    """One chat completion through a service's router: HTTP status and JSON body."""
+    request = urllib.request.Request(
+        f"{endpoint}/v1/chat/completions",
+        method="POST",
+        data=json.dumps(
+            {
+                "model": "lab/tiny-llama",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 8,
+            }
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {key}"} if key else {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = {"text": body}
+        return exc.code, doc if isinstance(doc, dict) else {"body": doc}
+
+
+def assert_apart(*plans: Plan) -> None:
+    """No (host, GPU) and no (host, port) of one plan in another's (or twice in one)."""
+    gpus = [(s.host, g) for p in plans for s in p.slots() for g in s.gpus]
+    assert len(gpus) == len(set(gpus)), gpus
+    ports = [
+        (item.host, port)
+        for p in plans
+        for item in listeners(p)
+        for port in range(item.first, item.last + 1)
+    ]
+    assert len(ports) == len(set(ports))
+
+
 def start_lab(home: Path, hosts: int, cpu_hosts: int) -> Lab:
     home.mkdir(parents=True, exist_ok=True)
     pdctl(home, "lab", "up", "--hosts", str(hosts), "--cpu-hosts", str(cpu_hosts))
     return Lab(home)
+
+
+def lab_fleet(tmp_path_factory: pytest.TempPathFactory, name: str) -> Lab:
+    """A 3-host lab (node1 without GPUs) in a fresh workspace, added as fleet `lab`."""
+    require_lab()
+    lab = start_lab(tmp_path_factory.mktemp(name), hosts=3, cpu_hosts=1)
+    pdctl(lab.home, *lab.status()["fleet_add"].split()[1:])
+    return lab
+
+
+LAB_SCALING = (
+    "  - count: 1..2\n    scaling:\n      metric: rps\n      target: 2\n"
+    "      scale_up_delay: 10s\n      scale_down_delay: 30s\n"
+)
+
+
+def lab_service(spec_text: str, name: str, port: int, metrics_port: int, count: int = 1) -> str:
+    """The lab spec (examples/lab/pd.yml) as service ``name`` with ``count`` prefill and
+    ``count`` decode replicas (fixed: no scaling, no spares), its router on ``port`` and
+    metrics on ``metrics_port`` (two services' routers on one host need their own)."""
+    assert spec_text.count(LAB_SCALING) == 2 and "port: 8000\nmodel:" in spec_text
+    text = spec_text.replace("name: pdlab\n", f"name: {name}\n")
+    text = text.replace(LAB_SCALING, f"  - count: {count}\n")
+    text = text.replace("port: 8000\nmodel:", f"port: {port}\nmodel:")
+    router = "  router:\n    health_check_interval"  # under pdctl:
+    assert text.count(router) == 1
+    return text.replace(router, router.replace("\n", f"\n    metrics_port: {metrics_port}\n"))
 
 
 PREFILL_LAUNCH = (

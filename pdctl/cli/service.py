@@ -51,7 +51,15 @@ def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
 @pass_app
 def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: Path | None) -> None:
     """Show where every replica slot would run (changes nothing)."""
-    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:
+        warnings.append(text)
+        app.out.warn(text)
+
+    _, _, planned = deploys.make_plan(
+        app.workspace, spec, fleet, allow_partial=allow_partial, warn=warn
+    )
     changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
     if output:
         deploys.write_plan_file(planned, output)
@@ -59,6 +67,7 @@ def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: P
         "plan": planned.model_dump(mode="json"),
         "changes": changes,
         "output": str(output) if output else None,
+        "warnings": warnings,
     }
     app.out.result(doc, lambda: _show_plan(app, planned, changes))
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,11 +19,11 @@ import pytest
 
 from tests.support import (
     Lab,
+    chat,
+    lab_fleet,
     pdctl,
     pdctl_json,
     private_tmp,
-    require_lab,
-    start_lab,
     template_text,
     with_template_text,
 )
@@ -58,12 +56,8 @@ class Service:
         doc: dict[str, Any] = self.json("status", SERVICE)
         return doc
 
-    def node(self, address: str) -> str:
-        """The lab node name of a host address as pdctl reports it."""
-        return str(next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == address))
-
     def router_node(self) -> str:
-        return self.node(self.status()["groups"]["router"]["host"])
+        return self.lab.node_at(self.status()["groups"]["router"]["host"])
 
     def api_key(self) -> str:
         node = self.router_node()
@@ -78,40 +72,13 @@ class Service:
         return str(self.lab.ssh(node, command, user="root").stdout)
 
     def chat(self, text: str, key: str | None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
-        endpoint = self.endpoint or self.status()["endpoint"]
-        request = urllib.request.Request(
-            f"{endpoint}/v1/chat/completions",
-            method="POST",
-            data=json.dumps(
-                {
-                    "model": "lab/tiny-llama",
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": 8,
-                }
-            ).encode(),
-            headers={
-                "Content-Type": "application/json",
-                **({"Authorization": f"Bearer {key}"} if key else {}),
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                doc = {"text": text}
-            return exc.code, doc if isinstance(doc, dict) else {"body": doc}
+        return chat(self.endpoint or self.status()["endpoint"], text, key, timeout)
 
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    require_lab()
-    home = tmp_path_factory.mktemp("deploy")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
-    pdctl(home, *lab.status()["fleet_add"].split()[1:])
+    lab = lab_fleet(tmp_path_factory, "deploy")
+    home = lab.home
     token = f"hf_{uuid.uuid4().hex}"
     canary = home / "controller-ran-a-lookup"
     spec = home / "pd.yml"
@@ -145,7 +112,7 @@ def test_template_text_reaches_the_hosts_as_written(svc: Service) -> None:
     hosts hold it exactly as written."""
     assert not svc.canary.exists()
     values = template_text(svc.canary)
-    node = svc.node(svc.status()["groups"]["prefill"]["replicas"][0]["host"])
+    node = svc.lab.node_at(svc.status()["groups"]["prefill"]["replicas"][0]["host"])
     conf = f"/etc/pdctl/{SERVICE}"
     service_env = svc.lab.ssh(node, f"cat {conf}/service.env", user="root").stdout.splitlines()
     assert values["env_jinja"] in service_env and values["env_shell"] in service_env
@@ -182,7 +149,7 @@ def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
     env = f"/etc/pdctl/{SERVICE}/service.env"
     unit = f"pd-{SERVICE}-decode@1.service"
     decode_host = next(r for r in svc.status()["groups"]["decode"]["replicas"] if r["slot"] == 1)
-    node = svc.node(decode_host["host"])
+    node = svc.lab.node_at(decode_host["host"])
     svc.lab.ssh(node, f"echo EDITED=by-hand >> {env}; systemctl disable {unit}", user="root")
     dry = svc.json("deploy", str(svc.spec), "--fleet", "lab", "--dry-run")
     assert dry["converged"] is True and dry["dry_run"] is True

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, pdctl, require_lab, start_lab
+from tests.support import Lab, lab_fleet, pdctl
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -110,10 +110,8 @@ class Load(threading.Thread):
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    require_lab()
-    home = tmp_path_factory.mktemp("scaler")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
-    pdctl(home, *lab.status()["fleet_add"].split()[1:])
+    lab = lab_fleet(tmp_path_factory, "scaler")
+    home = lab.home
     env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
     pdctl(home, "deploy", str(SPEC), "--fleet", "lab", "-y", env=env)
     d = Deployed(lab=lab, env=env)
@@ -179,7 +177,7 @@ def test_load_drives_both_groups_up_then_down_without_failed_requests(deployed: 
 def test_a_killed_worker_is_replaced_within_90_s(deployed: Deployed) -> None:
     doc = deployed.status()
     decode = next(r for r in doc["groups"]["decode"]["replicas"] if r["state"] == "active")
-    node = next(h["name"] for h in deployed.lab.status()["hosts"] if h["address"] == decode["host"])
+    node = deployed.lab.node_at(decode["host"])
     pid = deployed.root(
         node, f"podman inspect --format '{{{{.State.Pid}}}}' pd-{SERVICE}-decode-{decode['slot']}"
     )

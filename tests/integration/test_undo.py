@@ -25,11 +25,10 @@ import pytest
 from tests.support import (
     PREFILL_LAUNCH,
     Lab,
+    lab_fleet,
     pdctl,
     pdctl_json,
     private_tmp,
-    require_lab,
-    start_lab,
 )
 
 pytestmark = pytest.mark.lab
@@ -42,10 +41,8 @@ CRASH_LINE = "pdctl-test: cannot load the model weights"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    require_lab()
-    home = tmp_path_factory.mktemp("undo")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
-    pdctl(home, *lab.status()["fleet_add"].split()[1:])
+    lab = lab_fleet(tmp_path_factory, "undo")
+    home = lab.home
     yield lab
     pdctl(home, "destroy", SERVICE, "-y", check=False, env=ENV)
     pdctl(home, "lab", "down")

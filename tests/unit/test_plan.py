@@ -9,15 +9,20 @@ from pathlib import Path
 import pytest
 
 from pdctl.commands import worker_script
-from pdctl.errors import CheckFailed
+from pdctl.errors import CheckFailed, InputError
 from pdctl.inventory import Fleet, FleetHost, Preflight
 from pdctl.plan import (
     CONTAINER_PROVIDER_LIB,
+    SCALER_METRICS_PORT,
+    Held,
+    Plan,
     build,
+    held_by,
     plan_from_extravars,
     router_args,
 )
 from pdctl.spec import load, parse
+from tests.support import assert_apart, lab_service
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"HF_TOKEN": "hf_value"}
@@ -214,3 +219,111 @@ def test_extravars_round_trip() -> None:
     spec, env = lab_spec()
     plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
     assert plan_from_extravars(json.loads(json.dumps(plan.extravars()))) == plan
+
+
+# ---------------------------------------------------------------- services sharing a fleet
+
+
+def service(name: str, port: int = 8000, metrics: int = 29000, count: int = 1) -> tuple:
+    """The lab example as service ``name`` with ``count`` fixed prefill and decode replicas."""
+    text = lab_service((REPO / "examples/lab/pd.yml").read_text(), name, port, metrics, count)
+    return parse(text, Path(f"{name}.yml"), ENV)
+
+
+def lab_fleet() -> Fleet:
+    return fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"))
+
+
+def place(name: str, held: list[Held] | None = None, **kwargs: int) -> Plan:
+    spec, env = service(name, **kwargs)
+    return build(spec, env, lab_fleet(), held=held or [])
+
+
+def test_a_second_service_takes_the_free_gpus_and_ports() -> None:
+    a = place("a")
+    b = place("b", held_by(a), port=8001, metrics=29001)
+    assert {(s.name, s.host, tuple(s.gpus)) for s in a.slots()} == {
+        ("prefill/1", "gpu1", (0, 1, 2, 3)),
+        ("decode/1", "gpu2", (0, 1, 2, 3)),
+    }
+    assert {(s.name, s.host, tuple(s.gpus), s.port) for s in b.slots()} == {
+        ("prefill/1", "gpu1", (4, 5, 6, 7), 31000),
+        ("decode/1", "gpu2", (4, 5, 6, 7), 31000),
+    }
+    assert b.groups["prefill"].slots[0].bootstrap_port == 8999  # a's prefill/1 has 8998
+    assert b.router.host == a.router.host == "cpu1"
+    assert (a.scaler_metrics_port, b.scaler_metrics_port) == (SCALER_METRICS_PORT, 29101)
+    assert b.extravars()["pd_scaler_metrics_port"] == 29101  # what the pd_scaler role reads
+    assert_apart(a, b)
+
+
+def test_spares_are_held_too() -> None:
+    """A service's spare slots are its scaler's room: another service never takes them."""
+    spec, env = lab_spec()  # pdlab: 1..2 prefill and decode, 16 GPUs with the spares
+    pdlab = build(spec, env, lab_fleet())
+    with pytest.raises(CheckFailed) as caught:
+        place("b", held_by(pdlab), port=8001, metrics=29001)
+    assert "service pdlab's prefill/2" in caught.value.message  # a spare (start: false)
+
+
+def test_a_service_that_no_longer_fits_is_refused_naming_the_holders() -> None:
+    a = place("a")
+    b = place("b", held_by(a), port=8001, metrics=29001)
+    with pytest.raises(CheckFailed) as caught:
+        place("c", held_by(a) + held_by(b), port=8002, metrics=29002)
+    message = caught.value.message
+    assert "even the minimum" in message
+    assert "gpu1: GPUs 0,1,2,3 (service a's prefill/1), 4,5,6,7 (service b's prefill/1)" in message
+    assert "gpu2: GPUs 0,1,2,3 (service a's decode/1), 4,5,6,7 (service b's decode/1)" in message
+    assert "other services hold" in (caught.value.hint or "")
+
+
+def test_re_planning_a_service_ignores_its_own_holdings() -> None:
+    a = place("a")
+    b = place("b", held_by(a), port=8001, metrics=29001)
+    again = place("a", held_by(a) + held_by(b))
+    assert again == a
+    assert place("b", held_by(a) + held_by(b), port=8001, metrics=29001) == b
+
+
+def test_a_router_port_another_service_has_is_refused_naming_it_and_the_field() -> None:
+    a = place("a")
+    with pytest.raises(InputError) as caught:
+        place("b", held_by(a), metrics=29001)  # port 8000, as a's router
+    assert "cpu1: the router of service b cannot listen on port 8000" in caught.value.message
+    assert "service a's router does" in caught.value.message
+    assert "`port`" in (caught.value.hint or "")
+    with pytest.raises(InputError) as caught:
+        place("b", held_by(a), port=8001)  # metrics 29000, as a's router's
+    assert "port 29000 for service b's router's metrics is taken by service a's router's" in (
+        caught.value.message
+    )
+    assert "pdctl.router.metrics_port" in (caught.value.hint or "")
+
+
+def test_worker_and_bootstrap_ports_skip_what_others_hold() -> None:
+    """Held ports from a host's units (another workspace's service): the slots go around."""
+    held = [
+        Held("x", "gpu1", "prefill/1", ports=(30000, 30299)),
+        Held("x", "gpu1", "decode/1", ports=(31100, 31399)),  # inside position 1's range
+        Held("x", "gpu1", "prefill/1's bootstrap port", ports=(9000, 9000)),  # position 2's
+    ]
+    plan = place("b", held, count=2)
+    on_gpu1 = [(s.name, s.port, s.bootstrap_port) for s in plan.slots() if s.host == "gpu1"]
+    assert on_gpu1 == [("prefill/1", 33000, 9001), ("prefill/2", 34000, 9002)]
+    assert {s.port for s in plan.slots() if s.host == "gpu2"} == {30000, 31000}  # nothing held
+    assert_apart(plan)
+
+
+def test_held_gpus_steer_slots_to_the_host_with_more_free() -> None:
+    plan = place("b", [Held("x", "gpu1", "prefill/1", gpus=(0, 1))])
+    assert {(s.name, s.host, tuple(s.gpus)) for s in plan.slots()} == {
+        ("prefill/1", "gpu2", (0, 1, 2, 3)),
+        ("decode/1", "gpu1", (2, 3, 4, 5)),
+    }
+
+
+def test_held_gpus_outside_the_host_or_on_other_hosts_change_nothing() -> None:
+    a = place("a")
+    noise = [Held("x", "gpu1", "prefill/1", gpus=(8, 9)), Held("x", "elsewhere", "d", gpus=(0,))]
+    assert place("a", noise) == a
