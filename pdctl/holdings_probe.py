@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 SLOT_KEYS = ("PDCTL_GPU_IDS", "PDCTL_PORT", "PDCTL_BOOTSTRAP_PORT")
-SLOT_FILE = re.compile(r"^(?:prefill|decode)-[0-9]+\.env$")
-ROUTER_UNIT = re.compile(r"^pd-(.+)-router\.service$")
+SLOT_FILE = re.compile(r"^(?:prefill|decode)-[0-9]+\.env\Z")
+ROUTER_UNIT = re.compile(r"^pd-(.+)-router\.service\Z")
 ROUTER_FLAGS = ("--port", "--prometheus-port")
 
 

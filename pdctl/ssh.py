@@ -48,7 +48,7 @@ Log = Callable[[str], None]
 # IPv6 in brackets.
 _WORD = r"[A-Za-z0-9._][A-Za-z0-9._-]*"
 _TARGET = re.compile(
-    rf"^(?:(?P<user>{_WORD})@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|{_WORD})(?::(?P<port>\d+))?$"
+    rf"^(?:(?P<user>{_WORD})@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|{_WORD})(?::(?P<port>\d+))?\Z"
 )
 # OpenSSH's words when StrictHostKeyChecking=yes refuses a host (the known_hosts name).
 _OPENSSH_REFUSED = re.compile(

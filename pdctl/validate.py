@@ -16,12 +16,12 @@ from typing import Any
 
 # dstack's own rule for run and replica group names; pdctl also spells unit names and
 # host paths (/etc/pdctl/<service>) with them.
-SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 SERVICE_NAME_RULE = "a lower-case letter, then up to 39 lower-case letters, digits or '-'"
 # A fleet is a directory of the workspace (inventories/<fleet>) and an Ansible inventory.
-FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 FLEET_NAME_RULE = "lower-case letters, digits, '-' and '_' (at most 63), not starting with - or _"
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
 # The OCI distribution reference grammar (distribution/reference's regexp.go).
 _ALNUM = r"[a-z0-9]+"
@@ -32,16 +32,16 @@ _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 IMAGE_REFERENCE = re.compile(
-    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?$"
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?\Z"
 )
 _IMAGE_NAME_MAX = 255
 
 # Paths on a host: absolute, no '..', and only characters that need no quoting in a unit
 # file, an env file or a shell word.
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._@+,=/-]*$")
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._@+,=/-]*\Z")
 PATH_RULE = "an absolute path of letters, digits and . _ @ + , = / - (no '..', no spaces)"
 # An HTTP path (and query) as a probe may ask for it: RFC 3986 pchar plus '/' and '?'.
-_URL_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*$")
+_URL_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*\Z")
 
 # The longest duration pdctl accepts anywhere (timeouts, probe intervals, scaling delays).
 MAX_SECONDS = 30 * 86400
