@@ -51,10 +51,20 @@ def make_plan(
     *,
     allow_partial: bool = False,
     environ: Mapping[str, str] | None = None,
+    create_key: bool = False,
 ) -> tuple[Spec, Env, Plan]:
-    spec, env = load(spec_path, os.environ if environ is None else environ)
+    """Spec + fleet -> plan. ``create_key``: make the service's key if it has none (a deploy
+    does; `pdctl plan` and a dry run leave the workspace as it is, see drift.secrets_digest)."""
+    environ = os.environ if environ is None else environ
+    spec, env = load(spec_path, environ)
     fleet_model = inventory.load(workspace, resolve_fleet(workspace, spec, fleet))
-    return spec, env, build(spec, env, fleet_model, allow_partial=allow_partial)
+    key = drift.stored_key(workspace, spec.name)
+    fresh = drift.new_key() if key is None and create_key else None
+    digest = drift.secrets_digest(key or fresh, env.secrets, environ)
+    plan = build(spec, env, fleet_model, secrets_digest=digest, allow_partial=allow_partial)
+    if fresh is not None:  # kept only for a valid plan: a refused spec leaves no state
+        drift.save_key(workspace, spec.name, fresh)
+    return spec, env, plan
 
 
 def write_plan_file(plan: Plan, path: Path) -> None:
@@ -116,19 +126,25 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
         if was != now:
             lines.append(f"~ slot {name}: {_fields(was, now)}")
     for role in WORKER_ROLES:
-        before, after = old.groups[role], new.groups[role]
-        if before.config != after.config:
-            what = [
-                key for key in ("image", "script") if getattr(before, key) != getattr(after, key)
-            ]
-            lines.append(
-                f"~ {role}: {', '.join(what) or 'environment/volumes'} changed: rolling update"
-            )
-        if (before.min, before.max) != (after.min, after.max):
-            lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
+        lines += _group_diff(old, new, role)
     for key in ("env", "secret_names", "volumes", "stop_timeout", "start_timeout", "probe"):
         if getattr(old, key) != getattr(new, key):
             lines.append(f"~ {key} changed")
+    return lines
+
+
+def _group_diff(old: Plan, new: Plan, role: str) -> list[str]:
+    before, after = old.groups[role], new.groups[role]
+    lines = []
+    if before.config != after.config:
+        what = [key for key in ("image", "script") if getattr(before, key) != getattr(after, key)]
+        if old.secrets_digest != new.secrets_digest:
+            what.append("secret values")
+        lines.append(
+            f"~ {role}: {', '.join(what) or 'environment/volumes'} changed: rolling update"
+        )
+    if (before.min, before.max) != (after.min, after.max):
+        lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
     return lines
 
 
@@ -197,7 +213,7 @@ def apply(
     extravars = playbook_vars(plan)
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
     key = drift.key(workspace, plan.service, create=not dry_run)
-    inputs = drift.inputs_digest(key, extravars, fleet_dir, drift.secret_values(plan))
+    inputs = drift.inputs_digest(key, extravars, fleet_dir)
     doc: dict[str, Any] = {
         "service": plan.service,
         "fleet": plan.fleet,
@@ -207,8 +223,8 @@ def apply(
         "rolled": [],
         "converged": False,
         "drift": [],
-        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
-        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=plan.service)}",
+        "endpoint": services.endpoint(plan),
+        "api_key_file": services.api_key_file(plan),
     }
     if not converge:
         doc["drift"] = _quick_check(workspace, plan, key, inputs, progress)
@@ -399,8 +415,8 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
     return {
         "service": name,
         "fleet": plan.fleet,
-        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
-        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=name)}",
+        "endpoint": services.endpoint(plan),
+        "api_key_file": services.api_key_file(plan),
         "scaler": {
             "running": scaler_alive,
             "rps": (scaler or {}).get("rps"),
@@ -408,6 +424,19 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
         },
         "groups": groups,
     }
+
+
+def endpoint(workspace: Workspace, name: str, *, show_key: bool) -> dict[str, Any]:
+    """Where clients reach the service and, only when asked, the router's API key.
+
+    The URL comes from the stored plan (no host contacted). The key is read from the router
+    host each time and handed to the caller only: pdctl never writes it to the workspace.
+    """
+    plan = services.load_plan(workspace, name)
+    doc = {"service": name, "endpoint": services.endpoint(plan)}
+    if show_key:
+        doc["api_key"] = services.router_api_key(workspace, plan)
+    return doc
 
 
 def find_slot(plan: Plan, which: str) -> Slot:

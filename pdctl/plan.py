@@ -108,6 +108,9 @@ class Plan(BaseModel):
     stop_timeout: int
     probe: dict[str, Any]
     model: str | None
+    # Keyed hash of the secrets' values (pdctl/drift.py secrets_digest), never a value.
+    # "" without secrets, and in plans stored before it existed.
+    secrets_digest: str = ""
     router: RouterPlan
     groups: dict[str, GroupPlan]
     excluded_hosts: dict[str, str] = Field(default_factory=dict)
@@ -184,21 +187,22 @@ def router_args(spec: Spec) -> list[str]:
     return kept_flags(launch)
 
 
-def _config_hash(image: str, script: str, env: Env, spec: Spec, gpus: int) -> str:
-    material = json.dumps(
-        {
-            "image": image,
-            "script": script,
-            "env": env.plain,
-            "secrets": env.secrets,
-            "volumes": spec.volumes,
-            "privileged": spec.privileged,
-            "gpus": gpus,
-            "memlock": spec.pdctl.memlock,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(material.encode()).hexdigest()[:12]
+def _config_hash(
+    image: str, script: str, env: Env, spec: Spec, gpus: int, secrets_digest: str
+) -> str:
+    material: dict[str, Any] = {
+        "image": image,
+        "script": script,
+        "env": env.plain,
+        "secrets": env.secrets,
+        "volumes": spec.volumes,
+        "privileged": spec.privileged,
+        "gpus": gpus,
+        "memlock": spec.pdctl.memlock,
+    }
+    if secrets_digest:  # a rotated secret rolls the replicas; without secrets, as before
+        material["secrets_digest"] = secrets_digest
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _fits(host: FleetHost, group: ReplicaGroup, spec: Spec) -> str | None:
@@ -253,7 +257,11 @@ def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
     raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
 
 
-def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) -> Plan:
+def build(
+    spec: Spec, env: Env, fleet: Fleet, *, secrets_digest: str, allow_partial: bool = False
+) -> Plan:
+    """The plan. ``secrets_digest``: the caller's keyed hash of the secrets' values (the
+    plan stays pure: the key is the workspace's), which every group's config covers."""
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
     router_host = _router_host(spec, hosts)
@@ -281,7 +289,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
             scaling=group.scaling.model_dump() if group.scaling else None,
             image=image,
             script=script,
-            config=_config_hash(image, script, env, spec, per_replica),
+            config=_config_hash(image, script, env, spec, per_replica, secrets_digest),
         )
         candidates[role] = []
         for h in hosts:
@@ -361,6 +369,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
         image_archive=settings.image_archive,
         env=env.plain,
         secret_names=env.secrets,
+        secrets_digest=secrets_digest,
         volumes=volumes,
         privileged=spec.privileged,
         memlock=settings.memlock,
