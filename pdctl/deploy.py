@@ -55,6 +55,7 @@ def make_plan(
     allow_partial: bool = False,
     environ: Mapping[str, str] | None = None,
     warn: Progress | None = None,
+    create_key: bool = False,
 ) -> tuple[Spec, Env, Plan]:
     """The spec placed on the fleet around what the fleet's other services hold.
 
@@ -62,18 +63,27 @@ def make_plan(
     a plain lack of GPUs are refused before any host is contacted; then around what the
     hosts show of services deployed from elsewhere. A host of the plan that could not be
     read refuses the plan (HostError), unless ``warn`` is given (`pdctl plan`, a preview):
-    then it is told there.
+    then it is told there. ``create_key``: make the service's key if it has none (a deploy
+    does; `pdctl plan` and a dry run leave the workspace as it is, see drift.secrets_digest).
     """
-    spec, env = load(spec_path, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    spec, env = load(spec_path, environ)
     fleet_model = inventory.load(workspace, resolve_fleet(workspace, spec, fleet))
+    key = drift.stored_key(workspace, spec.name)
+    fresh = drift.new_key() if key is None and create_key else None
+    digest = drift.secrets_digest(key or fresh, env.secrets, environ)
     others = sharing.stored_plans(workspace, fleet_model.name, spec.name)
     held = [h for other in others for h in held_by(other)]
-    plan = build(spec, env, fleet_model, allow_partial=allow_partial, held=held)
+    plan = build(
+        spec, env, fleet_model, secrets_digest=digest, allow_partial=allow_partial, held=held
+    )
     explained = {spec.name, *(other.service for other in others)}
     found = sharing.read_hosts(workspace, fleet_model, explained)
     if found.held:
         held += found.held
-        plan = build(spec, env, fleet_model, allow_partial=allow_partial, held=held)
+        plan = build(
+            spec, env, fleet_model, secrets_digest=digest, allow_partial=allow_partial, held=held
+        )
     for host in plan.hosts():
         if host not in found.unread:
             continue
@@ -84,6 +94,8 @@ def make_plan(
         if warn is None:
             raise HostError(message, hint="check the host: pdctl fleet check " + plan.fleet)
         warn(f"{message}; the plan does not know of services deployed there from elsewhere")
+    if fresh is not None:  # kept only for a valid plan: a refused spec leaves no state
+        drift.save_key(workspace, spec.name, fresh)
     return spec, env, plan
 
 
@@ -91,7 +103,8 @@ def write_plan_file(plan: Plan, path: Path) -> None:
     header = (
         "# pdctl plan: the extra-vars of playbooks/deploy.yml. Secrets are not in here: export\n"
         f"# {', '.join(plan.secret_names) or '(none)'} before running ansible-playbook.\n"
-        "# Every string is tagged !unsafe: Ansible passes it on as written, never as a template.\n"
+        "# The document is tagged !unsafe: Ansible passes every value on as written, never as a\n"
+        "# template.\n"
     )
     path.write_text("---\n" + header + unsafe_yaml(plan.extravars()))
 
@@ -146,16 +159,7 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
         if was != now:
             lines.append(f"~ slot {name}: {_fields(was, now)}")
     for role in WORKER_ROLES:
-        before, after = old.groups[role], new.groups[role]
-        if before.config != after.config:
-            what = [
-                key for key in ("image", "script") if getattr(before, key) != getattr(after, key)
-            ]
-            lines.append(
-                f"~ {role}: {', '.join(what) or 'environment/volumes'} changed: rolling update"
-            )
-        if (before.min, before.max) != (after.min, after.max):
-            lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
+        lines += _group_diff(old, new, role)
     for key in (
         "env",
         "secret_names",
@@ -167,6 +171,21 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
     ):
         if getattr(old, key) != getattr(new, key):
             lines.append(f"~ {key} changed")
+    return lines
+
+
+def _group_diff(old: Plan, new: Plan, role: str) -> list[str]:
+    before, after = old.groups[role], new.groups[role]
+    lines = []
+    if before.config != after.config:
+        what = [key for key in ("image", "script") if getattr(before, key) != getattr(after, key)]
+        if old.secrets_digest != new.secrets_digest:
+            what.append("secret values")
+        lines.append(
+            f"~ {role}: {', '.join(what) or 'environment/volumes'} changed: rolling update"
+        )
+    if (before.min, before.max) != (after.min, after.max):
+        lines.append(f"~ {role}: count {before.min}..{before.max} -> {after.min}..{after.max}")
     return lines
 
 
@@ -235,7 +254,7 @@ def apply(
     extravars = playbook_vars(plan)
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
     key = drift.key(workspace, plan.service, create=not dry_run)
-    inputs = drift.inputs_digest(key, extravars, fleet_dir, drift.secret_values(plan))
+    inputs = drift.inputs_digest(key, extravars, fleet_dir)
     doc: dict[str, Any] = {
         "service": plan.service,
         "fleet": plan.fleet,
@@ -245,8 +264,8 @@ def apply(
         "rolled": [],
         "converged": False,
         "drift": [],
-        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
-        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=plan.service)}",
+        "endpoint": services.endpoint(plan),
+        "api_key_file": services.api_key_file(plan),
     }
     if not converge:
         doc["drift"] = _quick_check(workspace, plan, key, inputs, progress)
@@ -289,7 +308,7 @@ def apply(
 def _raise_failures(workspace: Workspace, plan: Plan, summary: runner.RunSummary) -> None:
     """A failed run's error: units that never became healthy with their own last log lines
     (secrets masked), else each host's first failed task."""
-    units = unhealthy.from_run(summary, drift.secret_values(plan).values())
+    units = unhealthy.from_run(summary, [os.environ.get(n, "") for n in plan.secret_names])
     hint = f"fix the cause and re-run `pdctl deploy`, or undo with `pdctl destroy {plan.service}`"
     if units:
         raise unhealthy.UnhealthyUnits("deploy failed", units, hint=hint)
@@ -459,8 +478,8 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
         "service": name,
         "fleet": plan.fleet,
         "state": record,
-        "endpoint": f"http://{plan.router.address}:{plan.router.port}",
-        "api_key_file": f"{plan.router.host}:{services.ROUTER_ENV.format(service=name)}",
+        "endpoint": services.endpoint(plan),
+        "api_key_file": services.api_key_file(plan),
         "scaler": {
             "running": scaler_alive,
             "rps": (scaler or {}).get("rps"),
@@ -485,6 +504,19 @@ def _why_failed(actuator: Actuator, states: dict[str, SlotState]) -> dict[str, U
 def _last_line(record: Unhealthy | None) -> str | None:
     lines = [line for line in (record.journal if record else []) if line.strip()]
     return lines[-1] if lines else None
+
+
+def endpoint(workspace: Workspace, name: str, *, show_key: bool) -> dict[str, Any]:
+    """Where clients reach the service and, only when asked, the router's API key.
+
+    The URL comes from the stored plan (no host contacted). The key is read from the router
+    host each time and handed to the caller only: pdctl never writes it to the workspace.
+    """
+    plan = services.load_plan(workspace, name)
+    doc = {"service": name, "endpoint": services.endpoint(plan)}
+    if show_key:
+        doc["api_key"] = services.router_api_key(workspace, plan)
+    return doc
 
 
 def find_slot(plan: Plan, which: str) -> Slot:

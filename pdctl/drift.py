@@ -3,9 +3,9 @@
 A redeploy of an unchanged spec used to run every task of deploy.yml on every host only to
 find nothing to do (95 s on 16 lab hosts). After each successful converge pdctl records:
 
-- the inputs: the playbook's extra-vars (the plan, the scaler's code and packages), the
-  Ansible content it ran (playbooks, roles, templates, ansible.cfg), the fleet's inventory
-  and keyed hashes of the secrets' values;
+- the inputs: the playbook's extra-vars (the plan, with its keyed hash of the secrets'
+  values, the scaler's code and packages), the Ansible content it ran (playbooks, roles,
+  templates, ansible.cfg) and the fleet's inventory;
 - per host, what drift_probe.py reads: owner, mode and keyed content hash of every file the
   roles manage for the service (configs, units, pdctl-unitctl, the scaler's access, the
   router's and scaler's code and venvs).
@@ -23,9 +23,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,15 +90,50 @@ def expectations(plan: Plan) -> dict[str, HostExpectation]:
     return found
 
 
-def key(workspace: Workspace, service: str, *, create: bool = True) -> bytes:
-    """The service's HMAC key (0600 in its state dir), made on first use. ``create=False``
-    (a dry run) leaves the workspace as it is: without a key there is no record to match."""
+def stored_key(workspace: Workspace, service: str) -> bytes | None:
+    """The service's HMAC key (0600 in its state dir), None before its first deploy."""
     path = services.state_dir(workspace, service) / KEY
-    if not path.is_file():
-        if not create:
-            return secrets.token_bytes(32)
-        write_atomic(path, secrets.token_hex(32), private=True)
-    return bytes.fromhex(path.read_text().strip())
+    return bytes.fromhex(path.read_text().strip()) if path.is_file() else None
+
+
+def save_key(workspace: Workspace, service: str, key: bytes) -> None:
+    write_atomic(services.state_dir(workspace, service) / KEY, key.hex(), private=True)
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def key(workspace: Workspace, service: str, *, create: bool = True) -> bytes:
+    """The service's HMAC key, made on first use. ``create=False`` (a dry run) leaves the
+    workspace as it is: without a key there is no record to match."""
+    found = stored_key(workspace, service)
+    if found is None:
+        found = new_key()
+        if create:
+            save_key(workspace, service, found)
+    return found
+
+
+def secrets_digest(key: bytes | None, names: Sequence[str], environ: Mapping[str, str]) -> str:
+    """A keyed hash (HMAC-SHA256 under the service's key) of the secrets' values, for the plan.
+
+    The groups' config covers it, so a rotated secret rolls the replicas; the plan, its
+    plan.yml and the record hold no value, nor a plain hash one could test guesses against.
+    """
+    if not names:
+        return ""  # nothing to cover: the configs stay the same in every workspace
+    if key is None:
+        # A dry run or `pdctl plan` before the first deploy from this workspace, which must
+        # not make the key. Nothing this workspace deployed runs yet (the first deploy makes
+        # the key before it converges; destroy removes it), so no running config is compared
+        # with this one: a fixed marker, not a throwaway key, keeps such plans the same.
+        return "unkeyed"
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for name in sorted(names):
+        # Unambiguous: a name holds no "=" and a value no NUL (the spec refuses both).
+        mac.update(f"{name}={environ.get(name, '')}\0".encode())
+    return mac.hexdigest()
 
 
 def _content_digest() -> str:
@@ -129,13 +163,9 @@ def _inventory_bytes(file: Path) -> bytes:
     return json.dumps(doc, sort_keys=True, default=str).encode()
 
 
-def inputs_digest(
-    key: bytes,
-    playbook_vars: Mapping[str, Any],
-    inventory_dir: Path,
-    secret_values: Mapping[str, str],
-) -> str:
-    """One digest of everything a deploy's outcome depends on besides the hosts themselves."""
+def inputs_digest(key: bytes, playbook_vars: Mapping[str, Any], inventory_dir: Path) -> str:
+    """One digest of everything a deploy's outcome depends on besides the hosts themselves.
+    The secrets are in it through the plan (``pd_secrets_digest``, see secrets_digest)."""
     digest = hmac.new(key, digestmod=hashlib.sha256)
     digest.update(json.dumps(playbook_vars, sort_keys=True, default=str).encode())
     digest.update(_content_digest().encode())
@@ -143,8 +173,6 @@ def inputs_digest(
         digest.update(
             str(file.relative_to(inventory_dir)).encode() + b"\0" + _inventory_bytes(file)
         )
-    for name in sorted(secret_values):
-        digest.update(f"{name}={secret_values[name]}\0".encode())
     return digest.hexdigest()
 
 
@@ -284,8 +312,3 @@ def registered_urls(handle: services.Handle) -> set[str] | None:
         return {w.url.rstrip("/") for w in handle.router.workers()}
     except PdctlError:
         return None
-
-
-def secret_values(plan: Plan, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = os.environ if environ is None else environ
-    return {name: env.get(name, "") for name in plan.secret_names}

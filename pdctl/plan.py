@@ -117,6 +117,9 @@ class Plan(BaseModel):
     stop_timeout: int
     probe: dict[str, Any]
     model: str | None
+    # Keyed hash of the secrets' values (pdctl/drift.py secrets_digest), never a value.
+    # "" without secrets, and in plans stored before it existed.
+    secrets_digest: str = ""
     router: RouterPlan
     groups: dict[str, GroupPlan]
     # Defaulted so that a stored plan.json without them (an older pdctl's) still loads.
@@ -270,21 +273,22 @@ def router_args(spec: Spec) -> list[str]:
     return kept_flags(launch)
 
 
-def _config_hash(image: str, script: str, env: Env, spec: Spec, gpus: int) -> str:
-    material = json.dumps(
-        {
-            "image": image,
-            "script": script,
-            "env": env.plain,
-            "secrets": env.secrets,
-            "volumes": spec.volumes,
-            "privileged": spec.privileged,
-            "gpus": gpus,
-            "memlock": spec.pdctl.memlock,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(material.encode()).hexdigest()[:12]
+def _config_hash(
+    image: str, script: str, env: Env, spec: Spec, gpus: int, secrets_digest: str
+) -> str:
+    material: dict[str, Any] = {
+        "image": image,
+        "script": script,
+        "env": env.plain,
+        "secrets": env.secrets,
+        "volumes": spec.volumes,
+        "privileged": spec.privileged,
+        "gpus": gpus,
+        "memlock": spec.pdctl.memlock,
+    }
+    if secrets_digest:  # a rotated secret rolls the replicas; without secrets, as before
+        material["secrets_digest"] = secrets_digest
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _fits(host: FleetHost, group: ReplicaGroup, spec: Spec) -> str | None:
@@ -352,19 +356,24 @@ def build(
     env: Env,
     fleet: Fleet,
     *,
+    secrets_digest: str,
     allow_partial: bool = False,
     held: Sequence[Held] = (),
 ) -> Plan:
     """Place the service on the fleet, around what other services hold there (``held``).
 
     The spec's own service's holdings are ignored: a re-plan is not pushed off its own GPUs
-    and ports, so a redeploy keeps its placement.
+    and ports, so a redeploy keeps its placement. ``secrets_digest``: the caller's keyed hash
+    of the secrets' values (the plan stays pure: the key is the workspace's), which every
+    group's config covers.
     """
     others = [h for h in held if h.service != spec.name]
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
     router_host = _router_host(spec, hosts)
-    groups: dict[str, GroupPlan] = {role: _group_plan(spec, env, role) for role in WORKER_ROLES}
+    groups: dict[str, GroupPlan] = {
+        role: _group_plan(spec, env, role, secrets_digest) for role in WORKER_ROLES
+    }
     candidates: dict[str, list[FleetHost]] = {
         role: _candidates(spec, role, hosts, excluded) for role in WORKER_ROLES
     }
@@ -372,13 +381,13 @@ def build(
     _check_capacity(groups, shortfalls, _gpu_holders(others, candidates), allow_partial)
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
-    plan = _plan(spec, env, fleet, router_host, groups, excluded)
+    plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
     plan.scaler_metrics_port = _scaler_port(plan, others)
     _check_listeners(plan, others)
     return plan
 
 
-def _group_plan(spec: Spec, env: Env, role: WorkerRole) -> GroupPlan:
+def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> GroupPlan:
     group = spec.group(role)
     gpu = spec.gpus(group)
     per_replica = gpu.count if gpu else 1
@@ -393,7 +402,7 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole) -> GroupPlan:
         scaling=group.scaling.model_dump() if group.scaling else None,
         image=image,
         script=script,
-        config=_config_hash(image, script, env, spec, per_replica),
+        config=_config_hash(image, script, env, spec, per_replica, secrets_digest),
     )
 
 
@@ -543,6 +552,7 @@ def _plan(
     router_host: FleetHost,
     groups: dict[str, GroupPlan],
     excluded: dict[str, str],
+    secrets_digest: str,
 ) -> Plan:
     settings = spec.pdctl
     probe = spec.probes[0] if spec.probes else None
@@ -553,6 +563,7 @@ def _plan(
         image_archive=settings.image_archive,
         env=env.plain,
         secret_names=env.secrets,
+        secrets_digest=secrets_digest,
         volumes=_volumes(spec, fleet),
         privileged=spec.privileged,
         memlock=settings.memlock,

@@ -169,6 +169,38 @@ def _api_key(pool: ssh.Pool, target: ssh.Target, service: str) -> str:
     )
 
 
+def endpoint(plan: Plan) -> str:
+    """The URL clients use: the router's address and port from the plan."""
+    return f"http://{plan.router.address}:{plan.router.port}"
+
+
+def api_key_file(plan: Plan) -> str:
+    """Where the router's API key lives, as ``host:path``."""
+    return f"{plan.router.host}:{ROUTER_ENV.format(service=plan.service)}"
+
+
+def _pool(workspace: Workspace, plan: Plan) -> ssh.Pool:
+    return ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
+
+
+def _target(fleet: Fleet, plan: Plan, name: str) -> ssh.Target:
+    host = fleet.host(name)
+    if host is None:
+        raise NotFound(f"host {name} of service {plan.service} is no longer in fleet {plan.fleet}")
+    return inventory.target(fleet, host)
+
+
+def router_api_key(workspace: Workspace, plan: Plan) -> str:
+    """The router's API key, read over SSH from its host (the one copy: pdctl keeps none)."""
+    fleet = inventory.load(workspace, plan.fleet)
+    target = _target(fleet, plan, plan.router.host)
+    pool = _pool(workspace, plan)
+    try:
+        return _api_key(pool, target, plan.service)
+    finally:
+        pool.close()
+
+
 @contextmanager
 def open_handle(
     workspace: Workspace, plan: Plan, *, log: ssh.Log | None = None, need_key: bool = True
@@ -177,15 +209,8 @@ def open_handle(
     ``need_key=False``: a router whose API key cannot be read (a deploy that failed before
     installing it) gives a client without one, and the reason in ``router_problem``."""
     fleet = inventory.load(workspace, plan.fleet)
-    pool = ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
-    targets = {}
-    for name in plan.hosts():
-        host = fleet.host(name)
-        if host is None:
-            raise NotFound(
-                f"host {name} of service {plan.service} is no longer in fleet {plan.fleet}"
-            )
-        targets[name] = inventory.target(fleet, host)
+    targets = {name: _target(fleet, plan, name) for name in plan.hosts()}
+    pool = _pool(workspace, plan)
     try:
         router_target = targets[plan.router.host]
         key, problem = None, None

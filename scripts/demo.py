@@ -93,38 +93,30 @@ def main() -> None:
         "lab",
         "-y",
     )
-    doc = json.loads(step("Where it runs", "--json", "status", "pdlab", show=False))
     step("Its status, read live", "status", "pdlab")
-    key = (
-        subprocess.run(
-            [
-                PDCTL,
-                "lab",
-                "ssh",
-                "--user",
-                "root",
-                "node1",
-                "--",
-                "cat /etc/pdctl/pdlab/router.env",
-            ],
-            env=ENV,
-            capture_output=True,
-            text=True,
-            check=True,
+    step("Where clients go (the API key: --show-key)", "endpoint", "pdlab")
+    # The key is read from the router host each time (pdctl keeps no copy); not printed here.
+    doc = json.loads(
+        step(
+            "The URL and API key, for a script",
+            "--json",
+            "endpoint",
+            "pdlab",
+            "--show-key",
+            show=False,
         )
-        .stdout.strip()
-        .split("=", 1)[1]
     )
-    print(f"\n== A chat request through the router at {doc['endpoint']}")
-    print(f"$ curl {doc['endpoint']}/v1/chat/completions -H 'Authorization: Bearer $KEY' -d '...'")
-    print(chat(doc["endpoint"], key, "What is prefill/decode disaggregation?"))
+    endpoint, key = doc["endpoint"], doc["api_key"]
+    print(f"\n== A chat request through the router at {endpoint}")
+    print(f"$ curl {endpoint}/v1/chat/completions -H 'Authorization: Bearer $KEY' -d '...'")
+    print(chat(endpoint, key, "What is prefill/decode disaggregation?"))
     step("Scale decode up to 2 (a pin, within the group's bounds)", "scale", "pdlab", "decode", "2")
     wait_running("decode", 2)
     step("Two decode replicas now", "status", "pdlab")
     step("And back down to 1", "scale", "pdlab", "decode", "1")
     wait_running("decode", 1)
     step("Hand decode back to the autoscaler", "scale", "pdlab", "decode", "auto")
-    print(chat(doc["endpoint"], key, "still there?"))
+    print(chat(endpoint, key, "still there?"))
     print(
         f"\nThe lab and the service are still up. Explore: `PDCTL_HOME={HOME} pdctl status pdlab`,"
         f" `pdctl logs pdlab decode/1`. Clean up: `PDCTL_HOME={HOME} pdctl destroy pdlab -y;"

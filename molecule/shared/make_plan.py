@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import deploy, inventory, plan, spec
+from pdctl import deploy, drift, inventory, plan, spec
 from pdctl.lab import manager
 from pdctl.workspace import Workspace
 
@@ -23,7 +23,10 @@ def main() -> None:
         host.name = names[host.address]
     service, env = spec.load(spec_path, os.environ)
     # The extra-vars pdctl itself passes: the plan, plus a clean copy of pdctl for the scaler.
-    built = plan.build(service, env, fleet)
+    digest = drift.secrets_digest(
+        drift.stored_key(workspace, service.name), env.secrets, os.environ
+    )
+    built = plan.build(service, env, fleet, secrets_digest=digest)
     out.write_text(yaml.safe_dump(deploy.playbook_vars(built), sort_keys=False))
 
 

@@ -68,6 +68,7 @@ for command in (
     service.plan,
     service.deploy,
     service.status,
+    service.endpoint,
     service.logs,
     service.destroy,
     scaler.scale,

@@ -1,4 +1,4 @@
-"""`pdctl plan | deploy | status | logs | destroy`: a PD service on a fleet."""
+"""`pdctl plan | deploy | status | endpoint | logs | destroy`: a PD service on a fleet."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ PARTIAL = click.option(
     is_flag=True,
     help="Plan fewer slots than a group's max when the fleet lacks GPUs.",
 )
+
+
+def _endpoint_line(app: App, doc: dict[str, Any]) -> None:
+    """Where clients go, and the command that prints the key (never the key itself)."""
+    app.out.line(
+        f"endpoint: {doc['endpoint']}  (API key: `pdctl endpoint {doc['service']} --show-key`)"
+    )
 
 
 def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
@@ -99,7 +106,9 @@ def deploy(
     yes: bool,
 ) -> None:
     """Deploy (or update) the service in SPEC: plan, diff, confirm, apply."""
-    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    _, _, planned = deploys.make_plan(
+        app.workspace, spec, fleet, allow_partial=allow_partial, create_key=not dry_run
+    )
     changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
     if not app.out.json_mode:
         _show_plan(app, planned, changes)
@@ -128,7 +137,7 @@ def deploy(
                 "no changes: every host holds what the last deploy applied "
                 "(checked over SSH; --converge runs the playbooks anyway)"
             )
-            app.out.line(f"endpoint: {doc['endpoint']}  (API key in {doc['api_key_file']})")
+            _endpoint_line(app, doc)
             return
         for reason in doc["drift"]:
             app.out.line(f"converged because {reason}")
@@ -144,14 +153,15 @@ def deploy(
         )
         if doc["rolled"]:
             app.out.line(f"rolled: {', '.join(doc['rolled'])}")
-        app.out.line(f"endpoint: {doc['endpoint']}  (API key in {doc['api_key_file']})")
+        _endpoint_line(app, doc)
 
     app.out.result(doc, render)
 
 
 def _render_status(app: App, doc: dict[str, Any]) -> None:
     router = doc["groups"]["router"]
-    app.out.line(f"service {doc['service']} on fleet {doc['fleet']}: {doc['endpoint']}")
+    app.out.line(f"service {doc['service']} on fleet {doc['fleet']}")
+    _endpoint_line(app, doc)
     if doc["state"] != "applied":
         app.out.line(
             f"state: {doc['state']}: a deploy started and did not complete"
@@ -204,6 +214,28 @@ def status(app: App, service: str) -> None:
     """Replicas per host, unit states and the router's view, read live."""
     doc = deploys.status(app.workspace, service)
     app.out.result(doc, lambda: _render_status(app, doc))
+
+
+@click.command()
+@click.argument("service")
+@click.option(
+    "--show-key",
+    is_flag=True,
+    help="Also print the router's API key (read over SSH from the router host).",
+)
+@pass_app
+def endpoint(app: App, service: str, show_key: bool) -> None:
+    """The service's URL for clients and, with --show-key, the router's API key."""
+    doc = deploys.endpoint(app.workspace, service, show_key=show_key)
+
+    def render() -> None:
+        if show_key:
+            app.out.line(f"endpoint: {doc['endpoint']}")
+            app.out.line(f"api key:  {doc['api_key']}")
+        else:
+            _endpoint_line(app, doc)
+
+    app.out.result(doc, render)
 
 
 @click.command()

@@ -256,17 +256,6 @@ CASES: list[tuple[str, str, str]] = [
 
 
 @pytest.fixture(scope="module")
-def listener() -> Iterator[socket.socket]:
-    """The fleet's only address: a socket on loopback that must never see a connection."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    yield sock
-    sock.close()
-
-
-@pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory, listener: socket.socket) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     port = listener.getsockname()[1]

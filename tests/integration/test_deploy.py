@@ -60,9 +60,25 @@ class Service:
         return self.lab.node_at(self.status()["groups"]["router"]["host"])
 
     def api_key(self) -> str:
-        node = self.router_node()
-        text = self.lab.ssh(node, f"cat /etc/pdctl/{SERVICE}/router.env", user="root").stdout
-        return text.strip().split("=", 1)[1]
+        """The router's API key as a client gets it: `pdctl endpoint --show-key`."""
+        return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])
+
+    def workspace_files(self) -> Iterator[Path]:
+        """The workspace's files (not the lab hosts' own disks), to search for secrets."""
+        hosts_disks = self.lab.home / ".pdctl" / "lab" / "hosts"
+        for path in self.lab.home.rglob("*"):
+            if path.is_file() and hosts_disks not in path.parents and path.stat().st_size < 5e6:
+                yield path
+
+    def container_env(self, role: str) -> str:
+        """The environment inside ROLE's running replicas' containers."""
+        found = ""
+        for replica in self.status()["groups"][role]["replicas"]:
+            if replica["state"] == "active":
+                container = f"pd-{SERVICE}-{role}-{replica['slot']}"
+                node = self.node(replica["host"])
+                found += self.lab.ssh(node, f"podman exec {container} env", user="root").stdout
+        return found
 
     def router_log(self) -> str:
         """The router's journal since the last minutes, for a failure's message."""
@@ -107,6 +123,24 @@ def test_deploy_serves_a_chat_request_through_the_router(svc: Service) -> None:
     assert svc.chat("no key", None)[0] == 401
 
 
+def test_endpoint_gives_the_key_only_when_asked(svc: Service) -> None:
+    key = svc.api_key()  # pdctl --json endpoint pdlab --show-key
+    status, body = svc.chat("through the endpoint's key", key)
+    assert (
+        status == 200 and "through the endpoint's key" in body["choices"][0]["message"]["content"]
+    )
+    endpoint = svc.status()["endpoint"]
+    assert svc.json("endpoint", SERVICE) == {"service": SERVICE, "endpoint": endpoint}
+    hint = f"pdctl endpoint {SERVICE} --show-key"
+    plain = svc.pdctl("endpoint", SERVICE)
+    assert endpoint in plain.stdout and hint in plain.stdout and key not in plain.stdout
+    shown = svc.pdctl("-v", "endpoint", SERVICE, "--show-key")
+    assert key in shown.stdout and key not in shown.stderr
+    assert hint in svc.pdctl("status", SERVICE).stdout and key not in svc.outputs[-1]
+    for path in svc.workspace_files():  # read from the router host each time, kept nowhere
+        assert key.encode() not in path.read_bytes(), f"the router's API key in {path}"
+
+
 def test_template_text_reaches_the_hosts_as_written(svc: Service) -> None:
     """The dry run and the deploy rendered none of the spec's text on the controller; the
     hosts hold it exactly as written."""
@@ -137,9 +171,10 @@ def test_status_reads_everything_live(svc: Service) -> None:
 def test_redeploy_is_a_no_op(svc: Service) -> None:
     started = time.monotonic()
     doc = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
-    assert doc["changes"] == [] and doc["changed_hosts"] == [] and doc["rolled"] == []
+    assert doc["changes"] == [] and doc["changed_hosts"] == [] and doc["rolled"] == [], doc
     assert doc["converged"] is False and doc["drift"] == []  # the quick check decided
-    assert "no changes" in svc.pdctl("deploy", str(svc.spec), "--fleet", "lab", "-y").stdout
+    human = svc.pdctl("deploy", str(svc.spec), "--fleet", "lab", "-y").stdout
+    assert "no changes" in human and f"pdctl endpoint {SERVICE} --show-key" in human
     assert time.monotonic() - started < 300
     forced = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y", "--converge")
     assert forced["converged"] is True and forced["changed_hosts"] == []
@@ -163,10 +198,10 @@ def test_redeploy_repairs_what_drifted_on_a_host(svc: Service) -> None:
     ).stdout.split()
     assert repaired == ["0", "enabled"]
     again = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
-    assert again["converged"] is False
+    assert again["converged"] is False, again["drift"]
 
 
-def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
+def test_a_rotated_secret_reaches_the_hosts_and_rolls_the_replicas(svc: Service) -> None:
     rotated = f"hf_{uuid.uuid4().hex}"
     secrets = f"/etc/pdctl/{SERVICE}/secrets.env"
 
@@ -176,6 +211,12 @@ def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
         )
         return found.stdout.strip()
 
+    def in_containers(token: str) -> bool:
+        return all(f"HF_TOKEN={token}\n" in svc.container_env(r) for r in ("prefill", "decode"))
+
+    pin(svc, prefill=1, decode=1)  # under the client's load the scaler would add replicas
+    client = Client(svc, svc.api_key())
+    client.start()
     try:
         proc = pdctl(
             svc.lab.home,
@@ -189,10 +230,17 @@ def test_a_rotated_secret_reaches_the_hosts(svc: Service) -> None:
         )
         doc = json.loads(proc.stdout)
         assert doc["converged"] is True and rotated not in proc.stdout + proc.stderr
-        assert on_host(rotated) == "1"
+        assert "~ decode: secret values changed: rolling update" in doc["changes"]
+        assert set(doc["rolled"]) == {"prefill/1", "decode/1"}  # each onto its spare slot
+        assert on_host(rotated) == "1" and in_containers(rotated)
     finally:
         back = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
+        client.done.set()
+        client.join(30)
     assert back["converged"] is True and on_host(svc.token) == "1"
+    assert set(back["rolled"]) == {"prefill/2", "decode/2"} and in_containers(svc.token)
+    assert client.failed == [] and client.ok > 20, (client.why, svc.router_log())
+    release(svc)
 
 
 def test_provider_library_is_mounted_into_the_workers(svc: Service) -> None:
@@ -238,10 +286,8 @@ def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
     assert f"HF_TOKEN={token}" in inside  # it does reach the worker, through --env-file
     for text in svc.outputs:
         assert token not in text
-    hosts_disks = svc.lab.home / ".pdctl" / "lab" / "hosts"  # the lab hosts' own disks
-    for path in svc.lab.home.rglob("*"):
-        if path.is_file() and hosts_disks not in path.parents and path.stat().st_size < 5_000_000:
-            assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
+    for path in svc.workspace_files():
+        assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
     # The runner's private dirs (extra-vars with the secret) are removed after each run.
     assert not list(private_tmp(svc.lab.home).glob("pdctl-run-*"))
 
@@ -288,16 +334,27 @@ def serving(svc: Service, role: str) -> int:
     return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
 
 
+def pin(svc: Service, prefill: int, decode: int) -> None:
+    """Pin both groups' counts and wait until exactly that many replicas serve."""
+    svc.pdctl("scale", SERVICE, "prefill", str(prefill))
+    svc.pdctl("scale", SERVICE, "decode", str(decode))
+    deadline = time.monotonic() + 120
+    while (serving(svc, "prefill"), serving(svc, "decode")) != (prefill, decode):
+        assert time.monotonic() < deadline, svc.status()
+        time.sleep(1)
+
+
+def release(svc: Service) -> None:
+    """Hand both groups back to the scaler."""
+    for role in ("prefill", "decode"):
+        svc.pdctl("scale", SERVICE, role, "auto")
+
+
 def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Path) -> None:
     # Both ways a replica rolls, under load: prefill pinned at its maximum (2) has no spare
     # slot, so its replicas restart in place one after the other, the other one serving;
     # decode pinned at 1 rolls onto its spare slot, then the old replica drains.
-    svc.pdctl("scale", SERVICE, "prefill", "2")
-    svc.pdctl("scale", SERVICE, "decode", "1")
-    deadline = time.monotonic() + 120
-    while (serving(svc, "prefill"), serving(svc, "decode")) != (2, 1):
-        assert time.monotonic() < deadline, svc.status()
-        time.sleep(1)
+    pin(svc, prefill=2, decode=1)
     changed = tmp_path / "pd.yml"
     image = ("sglang-rocm:0.5.4-lab", "sglang-rocm:0.5.5-lab")
     changed.write_text(svc.spec.read_text().replace(*image))
@@ -328,8 +385,7 @@ def test_image_change_rolls_with_zero_failed_requests(svc: Service, tmp_path: Pa
         for node in ("node2", "node3")
     )
     assert "0.5.5-lab" in images and "0.5.4-lab" not in images
-    for role in ("prefill", "decode"):
-        svc.pdctl("scale", SERVICE, role, "auto")
+    release(svc)
 
 
 def test_destroy_leaves_hosts_clean(svc: Service) -> None:

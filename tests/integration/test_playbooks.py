@@ -223,7 +223,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         spec_file.write_text(with_template_text(SPEC.read_text(), canary))
         the_spec, env = spec.load(spec_file, {"HF_TOKEN": token})
         fleet = inventory.load(Workspace(home), "lab")
-        planned = plan.build(the_spec, env, fleet)
+        planned = plan.build(the_spec, env, fleet, secrets_digest="")
         extravars = planned.extravars()
         plan_file = home / "plan.yml"
         write_plan_file(planned, plan_file)  # what `pdctl plan -o` writes for a pipeline

@@ -1,5 +1,6 @@
 """The quick no-op check: what it reads on a host (drift_probe, run here on a temp tree), the
-inputs digest, and the verdict (pure). The lab test in test_deploy.py runs it on real hosts."""
+inputs digest, and the verdict (pure); the keyed digest of the secrets that the groups' configs
+cover. The lab test in test_deploy.py runs it on real hosts."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import drift, drift_probe
+from pdctl import drift, drift_probe, inventory
+from pdctl import service as services
+from pdctl.deploy import make_plan, write_plan_file
 from pdctl.drift import Observed
+from pdctl.errors import CheckFailed
 from pdctl.plan import Plan, build
 from pdctl.scaler.act import SlotState
-from tests.unit.test_plan import fleet, host, lab_spec
+from pdctl.workspace import Workspace
+from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 KEY = bytes(32)
 
@@ -23,7 +28,9 @@ KEY = bytes(32)
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     spec, env = lab_spec()
-    return build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    return build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )
 
 
 def in_sync(plan: Plan) -> tuple[dict[str, object], dict[str, Observed], set[str]]:
@@ -99,16 +106,15 @@ def test_inputs_digest_follows_inputs_but_not_check_records(tmp_path: Path) -> N
     hosts.write_text("all: {hosts: {a: {ansible_port: 22}}}\n")
     host_vars = inventory / "host_vars" / "a.yml"
     host_vars.write_text("pd_facts: {gpus: 8}\npd_preflight: {checked_at: '1'}\nx: 1\n")
-    base = drift.inputs_digest(KEY, {"pd_service": "s"}, inventory, {"HF_TOKEN": "one"})
+    base = drift.inputs_digest(KEY, {"pd_service": "s"}, inventory)
     host_vars.write_text("pd_facts: {gpus: 7}\npd_preflight: {checked_at: '2'}\nx: 1\n")
-    assert drift.inputs_digest(KEY, {"pd_service": "s"}, inventory, {"HF_TOKEN": "one"}) == base
+    assert drift.inputs_digest(KEY, {"pd_service": "s"}, inventory) == base
     changed = [
-        drift.inputs_digest(KEY, {"pd_service": "t"}, inventory, {"HF_TOKEN": "one"}),
-        drift.inputs_digest(KEY, {"pd_service": "s"}, inventory, {"HF_TOKEN": "two"}),
-        drift.inputs_digest(bytes([1]) * 32, {"pd_service": "s"}, inventory, {"HF_TOKEN": "one"}),
+        drift.inputs_digest(KEY, {"pd_service": "t"}, inventory),
+        drift.inputs_digest(bytes([1]) * 32, {"pd_service": "s"}, inventory),
     ]
     host_vars.write_text("pd_facts: {gpus: 7}\nx: 2\n")
-    changed.append(drift.inputs_digest(KEY, {"pd_service": "s"}, inventory, {"HF_TOKEN": "one"}))
+    changed.append(drift.inputs_digest(KEY, {"pd_service": "s"}, inventory))
     assert base not in changed and len(set(changed)) == len(changed)
 
 
@@ -158,3 +164,57 @@ def test_probe_runs_as_the_hosts_run_it(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)
     assert set(doc["files"]) == {str(tmp_path), str(tmp_path / "f")}
     assert doc["units"] == {} and doc["states"] is None
+
+
+def _plan_with(token: str, key: bytes | None = KEY) -> Plan:
+    spec, env = lab_spec()
+    digest = drift.secrets_digest(key, env.secrets, {"HF_TOKEN": token})
+    hosts = fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"))
+    return build(spec, env, hosts, secrets_digest=digest)
+
+
+def test_a_rotated_secret_changes_the_config_through_a_keyed_digest_only(tmp_path: Path) -> None:
+    one, same, other = _plan_with("hf_one"), _plan_with("hf_one"), _plan_with("hf_two")
+    for role in ("prefill", "decode"):
+        config = one.groups[role].config
+        assert config == same.groups[role].config != other.groups[role].config
+    # Keyed: the same value under another workspace's key gives another digest.
+    assert _plan_with("hf_one", bytes([1]) * 32).secrets_digest != one.secrets_digest
+    plan_file = tmp_path / "plan.yml"  # what `pdctl plan -o` writes for ansible-playbook
+    write_plan_file(one, plan_file)
+    for text in (one.model_dump_json(), json.dumps(one.extravars()), plan_file.read_text()):
+        assert "hf_one" not in text and one.secrets_digest in text
+
+
+def test_without_a_key_the_digest_is_a_fixed_marker() -> None:
+    assert _plan_with("hf_one", None).secrets_digest == "unkeyed"
+    assert _plan_with("hf_one", None).groups["decode"].config == (
+        _plan_with("hf_two", None).groups["decode"].config
+    )
+    assert drift.secrets_digest(None, [], {}) == drift.secrets_digest(KEY, [], {}) == ""
+
+
+def test_only_a_deploy_of_a_valid_plan_makes_the_key(tmp_path: Path) -> None:
+    workspace = Workspace(tmp_path)
+    inventory.save(workspace, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    spec = REPO / "examples" / "lab" / "pd.yml"
+    environ = {"HF_TOKEN": "hf_one"}
+    key_file = services.state_dir(workspace, "pdlab") / drift.KEY
+    unread: list[str] = []  # the fleet's hosts are not real: their holdings go unread
+    _, _, planned = make_plan(workspace, spec, "f", environ=environ, warn=unread.append)
+    assert planned.secrets_digest == "unkeyed" and not key_file.exists()
+    too_big = tmp_path / "pd.yml"  # refused by the plan: no key either
+    too_big.write_text(spec.read_text().replace("count: 1..2", "count: 1..9"))
+    with pytest.raises(CheckFailed):
+        make_plan(workspace, too_big, "f", environ=environ, create_key=True, warn=unread.append)
+    assert not key_file.exists()
+    _, _, deployed = make_plan(
+        workspace, spec, "f", environ=environ, create_key=True, warn=unread.append
+    )
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert deployed.secrets_digest == drift.secrets_digest(
+        drift.stored_key(workspace, "pdlab"), ["HF_TOKEN"], environ
+    )
+    # The key, once made, is used.
+    _, _, again = make_plan(workspace, spec, "f", environ=environ, warn=unread.append)
+    assert again.groups["decode"].config == deployed.groups["decode"].config

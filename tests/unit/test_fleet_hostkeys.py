@@ -194,7 +194,7 @@ def deployed(workspace: Workspace) -> Plan:
     hosts = _hosts("cpu1", "cpu2", "gpu1", "gpu2", "gpu3")
     _pinned_fleet(workspace, hosts, hosts)
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(*hosts))
+    plan = build(spec, env, fleet(*hosts), secrets_digest="")
     services.save_plan(workspace, plan)
     return plan
 
@@ -258,7 +258,7 @@ def test_the_scaler_goes_straight_to_the_workers_and_only_to_pinned_ones(
     tmp_path: Path,
 ) -> None:
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(*_hosts("cpu1", "gpu1", "gpu2")))
+    plan = build(spec, env, fleet(*_hosts("cpu1", "gpu1", "gpu2")), secrets_digest="")
     (tmp_path / "router.env").write_text("PDCTL_ROUTER_API_KEY=k\n")
     ssh.KnownHosts(tmp_path / "scaler_known_hosts").save()  # as pd_scaler copies it: no pin
     with listener() as worker:

@@ -34,7 +34,7 @@ def test_inventory_and_plan_file_are_lint_clean(tmp_path: Path) -> None:
     assert len(written) >= 4  # hosts.yml, group_vars, one host_vars file per host
     spec, env = lab_spec()
     plan_file = tmp_path / "plan.yml"
-    write_plan_file(build(spec, env, lab), plan_file)
+    write_plan_file(build(spec, env, lab, secrets_digest=""), plan_file)
     found = [line for path in [*written, plan_file] for line in problems(path)]
     assert found == []
     # And they still read back as what was written.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl import drift
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.inventory import Fleet, FleetHost, Preflight
@@ -65,7 +66,9 @@ def lab_spec() -> tuple:
 
 def test_lab_example_on_one_cpu_and_two_gpu_hosts() -> None:
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    plan = build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )
     assert plan.router.host == "cpu1"
     placed = {(s.name, s.host, tuple(s.gpus), s.start) for s in plan.slots()}
     # The minimum replicas first, spread over the hosts; the spares fill the rest.
@@ -79,7 +82,12 @@ def test_lab_example_on_one_cpu_and_two_gpu_hosts() -> None:
 
 def test_no_gpu_or_port_is_shared_and_ports_are_apart() -> None:
     spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
-    plan = build(spec, env, fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))))
+    plan = build(
+        spec,
+        env,
+        fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))),
+        secrets_digest="",
+    )
     by_host: dict[str, list] = {}
     for slot in plan.slots():
         by_host.setdefault(slot.host, []).append(slot)
@@ -97,7 +105,7 @@ def test_no_gpu_or_port_is_shared_and_ports_are_apart() -> None:
 
 def test_router_takes_a_gpu_host_when_there_is_no_cpu_host() -> None:
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(host("gpu1"), host("gpu2")))
+    plan = build(spec, env, fleet(host("gpu1"), host("gpu2")), secrets_digest="")
     assert plan.router.host == "gpu1"
 
 
@@ -108,6 +116,7 @@ def test_failed_hosts_are_never_used_and_say_why() -> None:
         env,
         fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3", ok=False)),
         allow_partial=False,
+        secrets_digest="",
     )
     assert "gpu3" not in {s.host for s in plan.slots()}
     assert plan.excluded_hosts["gpu3"] == "failed preflight (rdma_ports)"
@@ -117,20 +126,26 @@ def test_not_enough_capacity_is_refused_unless_partial() -> None:
     spec, env = lab_spec()
     small = fleet(host("cpu1", "cpu"), host("gpu1"))  # 8 GPUs; the max needs 16
     with pytest.raises(CheckFailed) as caught:
-        build(spec, env, small)
+        build(spec, env, small, secrets_digest="")
     assert (
         "prefill: 1 of 2 slots fit" in caught.value.message
         or "decode: 1 of 2 slots fit" in caught.value.message
     )
     assert "--allow-partial" in (caught.value.hint or "")
-    plan = build(spec, env, small, allow_partial=True)
+    plan = build(spec, env, small, allow_partial=True, secrets_digest="")
     assert [plan.groups[r].max for r in ("prefill", "decode")] == [1, 1]
 
 
 def test_even_the_minimum_not_fitting_is_refused_always() -> None:
     spec, env = lab_spec()
     with pytest.raises(CheckFailed, match="even the minimum"):
-        build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1", gpus=4)), allow_partial=True)
+        build(
+            spec,
+            env,
+            fleet(host("cpu1", "cpu"), host("gpu1", gpus=4)),
+            allow_partial=True,
+            secrets_digest="",
+        )
 
 
 def test_gpu_model_is_checked_against_facts() -> None:
@@ -138,15 +153,19 @@ def test_gpu_model_is_checked_against_facts() -> None:
     plan_fleet = fleet(
         host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3", model="AMD Instinct MI250X")
     )
-    plan = build(spec, env, plan_fleet)
+    plan = build(spec, env, plan_fleet, secrets_digest="")
     assert plan.excluded_hosts["gpu3"] == "GPU model AMD Instinct MI250X is not MI300X"
 
 
 def test_plan_is_deterministic() -> None:
     spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
     hosts = [host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))]
-    first = json.dumps(build(spec, env, fleet(*hosts)).extravars(), sort_keys=True)
-    second = json.dumps(build(spec, env, fleet(*reversed(hosts))).extravars(), sort_keys=True)
+    first = json.dumps(
+        build(spec, env, fleet(*hosts), secrets_digest="").extravars(), sort_keys=True
+    )
+    second = json.dumps(
+        build(spec, env, fleet(*reversed(hosts)), secrets_digest="").extravars(), sort_keys=True
+    )
     assert first == second
 
 
@@ -185,12 +204,17 @@ def test_router_flags_keep_policies_and_drop_what_pdctl_sets() -> None:
 
 def test_provider_library_is_mounted_once() -> None:
     spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)
-    plan = build(spec, env, fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))))
+    plan = build(
+        spec,
+        env,
+        fleet(host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 5))),
+        secrets_digest="",
+    )
     mounts = [v for v in plan.volumes if v.split(":")[1] == CONTAINER_PROVIDER_LIB]
     assert len(mounts) == 1 and mounts[0].endswith(":ro")
     dstack, env2 = load(REPO / "tests/data/dstack-pd.yml", ENV)
     hosts = [host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 4))]
-    plan2 = build(dstack, env2, fleet(*hosts), allow_partial=True)
+    plan2 = build(dstack, env2, fleet(*hosts), allow_partial=True, secrets_digest="")
     assert plan2.volumes == [
         f"/usr/lib64/libibverbs/libbnxt_re-rdmav34.so:{CONTAINER_PROVIDER_LIB}:ro"
     ]
@@ -198,7 +222,9 @@ def test_provider_library_is_mounted_once() -> None:
 
 def test_slot_environment_and_extravars() -> None:
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    plan = build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )
     decode = plan.groups["decode"].slots[1]
     slot_env = decode.env()
     assert decode.gpus == [4, 5, 6, 7]
@@ -217,7 +243,9 @@ def test_slot_environment_and_extravars() -> None:
 
 def test_extravars_round_trip() -> None:
     spec, env = lab_spec()
-    plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    plan = build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )
     assert plan_from_extravars(json.loads(json.dumps(plan.extravars()))) == plan
 
 
@@ -235,8 +263,10 @@ def lab_fleet() -> Fleet:
 
 
 def place(name: str, held: list[Held] | None = None, **kwargs: int) -> Plan:
+    """The service's plan as make_plan gives it before this workspace made its key."""
     spec, env = service(name, **kwargs)
-    return build(spec, env, lab_fleet(), held=held or [])
+    digest = drift.secrets_digest(None, env.secrets, ENV)
+    return build(spec, env, lab_fleet(), held=held or [], secrets_digest=digest)
 
 
 def test_a_second_service_takes_the_free_gpus_and_ports() -> None:
@@ -260,7 +290,7 @@ def test_a_second_service_takes_the_free_gpus_and_ports() -> None:
 def test_spares_are_held_too() -> None:
     """A service's spare slots are its scaler's room: another service never takes them."""
     spec, env = lab_spec()  # pdlab: 1..2 prefill and decode, 16 GPUs with the spares
-    pdlab = build(spec, env, lab_fleet())
+    pdlab = build(spec, env, lab_fleet(), secrets_digest="")
     with pytest.raises(CheckFailed) as caught:
         place("b", held_by(pdlab), port=8001, metrics=29001)
     assert "service pdlab's prefill/2" in caught.value.message  # a spare (start: false)

@@ -143,4 +143,6 @@ def test_a_deploy_still_running_is_told_apart_and_not_run_twice(tmp_path: Path) 
 
 
 def build_plan(spec: Spec, env: Env) -> Plan:
-    return build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
+    return build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )

@@ -114,7 +114,7 @@ def _plan(fields: dict[str, Any], secret: str = "hf_x") -> Plan | None:
     text = yaml.safe_dump(_spec(**fields), allow_unicode=True)
     try:
         spec, env = parse(text, Path("pd.yml"), {"HF_TOKEN": secret})
-        return build(spec, env, _fleet())
+        return build(spec, env, _fleet(), secrets_digest="")
     except PdctlError:
         return None  # refused: nothing is written
 

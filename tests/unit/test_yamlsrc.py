@@ -423,9 +423,9 @@ def test_drift_digest_reads_tagged_host_vars_and_refuses_bombs(tmp_path: Path) -
     host_vars = tmp_path / "host_vars" / "gpu1.yml"
     host_vars.parent.mkdir()
     host_vars.write_text("x: !unsafe '{{ a }}'\npd_facts: {gpus: 8}\n")
-    base = drift.inputs_digest(bytes(32), {}, tmp_path, {})
+    base = drift.inputs_digest(bytes(32), {}, tmp_path)
     host_vars.write_text("pd_facts: {gpus: 4}\nx: !unsafe '{{ a }}'\n")
-    assert drift.inputs_digest(bytes(32), {}, tmp_path, {}) == base
+    assert drift.inputs_digest(bytes(32), {}, tmp_path) == base
     host_vars.write_text(lol_mappings())
     with pytest.raises(InputError, match=r"gpu1\.yml:\d+: too many values"):
-        drift.inputs_digest(bytes(32), {}, tmp_path, {})
+        drift.inputs_digest(bytes(32), {}, tmp_path)
