@@ -197,7 +197,8 @@ def apply(
     extravars = playbook_vars(plan)
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
     key = drift.key(workspace, plan.service, create=not dry_run)
-    inputs = drift.inputs_digest(key, extravars, fleet_dir, drift.secret_values(plan))
+    secrets = drift.secret_values(plan)
+    inputs = drift.inputs_digest(key, extravars, fleet_dir, secrets)
     doc: dict[str, Any] = {
         "service": plan.service,
         "fleet": plan.fleet,
@@ -223,6 +224,7 @@ def apply(
         "deploy.yml",
         fleet_dir,
         extravars=extravars,
+        secrets=secrets,
         forks=min(100, max(5, len(plan.hosts()))),
         check=dry_run,
         diff=dry_run,

@@ -275,8 +275,8 @@ def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
     for path in svc.lab.home.rglob("*"):
         if path.is_file() and hosts_disks not in path.parents and path.stat().st_size < 5_000_000:
             assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
-    # The runner's private dirs (extra-vars with the secret) are removed after each run.
-    assert not list(private_tmp(svc.lab.home).glob("pdctl-run-*"))
+    # The runner's private dirs (pdctl-runs-<uid>/<pid>-*) are removed after each run.
+    assert not list(private_tmp(svc.lab.home).glob("pdctl-runs-*/*"))
 
 
 def test_logs_show_the_replica_journal(svc: Service) -> None:
