@@ -283,6 +283,7 @@ def apply(
             "deploy.yml",
             fleet_dir,
             extravars=extravars,
+            secrets=services.secret_values(plan),
             forks=min(100, max(5, len(plan.hosts()))),
             check=dry_run,
             diff=dry_run,
@@ -308,7 +309,7 @@ def apply(
 def _raise_failures(workspace: Workspace, plan: Plan, summary: runner.RunSummary) -> None:
     """A failed run's error: units that never became healthy with their own last log lines
     (secrets masked), else each host's first failed task."""
-    units = unhealthy.from_run(summary, [os.environ.get(n, "") for n in plan.secret_names])
+    units = unhealthy.from_run(summary, services.secret_values(plan).values())
     hint = f"fix the cause and re-run `pdctl deploy`, or undo with `pdctl destroy {plan.service}`"
     if units:
         raise unhealthy.UnhealthyUnits("deploy failed", units, hint=hint)

@@ -145,6 +145,11 @@ def forget(workspace: Workspace, name: str) -> None:
         directory.rmdir()
 
 
+def secret_values(plan: Plan) -> dict[str, str]:
+    """The plan's secrets, from pdctl's own environment (where pd.yml's bare KEYs came from)."""
+    return {name: os.environ.get(name, "") for name in plan.secret_names}
+
+
 @dataclass
 class Handle:
     plan: Plan
@@ -240,7 +245,7 @@ def open_handle(
                 targets,
                 router,
                 log=log,
-                secrets=[os.environ.get(name, "") for name in plan.secret_names],
+                secrets=secret_values(plan).values(),
             ),
         )
     finally:

@@ -288,8 +288,8 @@ def test_the_secret_is_only_where_it_belongs(svc: Service) -> None:
         assert token not in text
     for path in svc.workspace_files():
         assert token.encode() not in path.read_bytes(), f"HF_TOKEN value in {path}"
-    # The runner's private dirs (extra-vars with the secret) are removed after each run.
-    assert not list(private_tmp(svc.lab.home).glob("pdctl-run-*"))
+    # The runner's private dirs (pdctl-runs-<uid>/<pid>-*) are removed after each run.
+    assert not list(private_tmp(svc.lab.home).glob("pdctl-runs-*/*"))
 
 
 def test_logs_show_the_replica_journal(svc: Service) -> None:
