@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdctl import hardware, inventory, runner, ssh
+from pdctl import hardware, inventory, runner, ssh, validate
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
 from pdctl.inventory import Fleet, FleetHost, FleetSettings, Preflight
 from pdctl.workspace import Workspace
@@ -247,6 +247,7 @@ class AddOptions:
     become: bool | None = None
     expect_nics: int | None = None
     expect_gpus: int | None = None
+    wheelhouse: str | None = None
     repin: bool = False
 
 
@@ -259,11 +260,19 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
                 f"identity file {key} does not exist", hint="pass the private key's path"
             )
         settings.identity_file = str(key.resolve())
+    if options.wheelhouse is not None:
+        try:
+            validate.host_path(options.wheelhouse)
+        except ValueError as exc:
+            raise InputError(
+                f"--wheelhouse {exc}", hint="the directory's path on the hosts"
+            ) from exc
     updates = {
         "proxy_jump": options.proxy_jump,
         "become": options.become,
         "expect_nics": options.expect_nics,
         "expect_gpus": options.expect_gpus,
+        "wheelhouse": options.wheelhouse,
     }
     for key_name, value in updates.items():
         if value is not None:

@@ -379,7 +379,7 @@ def build(spec: Spec, env: Env, fleet: Fleet, *, allow_partial: bool = False) ->
             metrics_port=settings.router.metrics_port,
             args=router_args(spec),
             health_check_interval=max(1, int(settings.router.health_check_interval)),
-            wheelhouse=settings.wheelhouse,
+            wheelhouse=settings.wheelhouse or fleet.settings.wheelhouse,
         ),
         groups=groups,
         excluded_hosts=dict(sorted(excluded.items())),

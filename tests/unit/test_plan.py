@@ -167,7 +167,7 @@ def test_router_flags_keep_policies_and_drop_what_pdctl_sets() -> None:
         "--prefill-policy",
         "cache_aware",
         "--decode-policy",
-        "power_of_two",
+        "least_load",
     ]
     dstack, _ = load(REPO / "tests/data/dstack-pd.yml", ENV)  # no router group: pdctl's defaults
     assert router_args(dstack) == [
@@ -214,3 +214,13 @@ def test_extravars_round_trip() -> None:
     spec, env = lab_spec()
     plan = build(spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")))
     assert plan_from_extravars(json.loads(json.dumps(plan.extravars()))) == plan
+
+
+def test_wheelhouse_from_the_fleet_unless_the_spec_names_one() -> None:
+    hosts = fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"))
+    hosts.settings.wheelhouse = "/srv/wheels"
+    spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)  # no pdctl.wheelhouse
+    assert spec.pdctl.wheelhouse is None
+    assert build(spec, env, hosts, allow_partial=True).router.wheelhouse == "/srv/wheels"
+    spec.pdctl.wheelhouse = "/opt/spec-wheels"
+    assert build(spec, env, hosts, allow_partial=True).router.wheelhouse == "/opt/spec-wheels"
