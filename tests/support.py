@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,3 +183,34 @@ def with_template_text(spec_text: str, canary: Path) -> str:
     return text.replace(
         PREFILL_LAUNCH, f"      - {quoted(values['command'])}\n" + PREFILL_LAUNCH, 1
     )
+
+
+def chat(
+    endpoint: str, key: str | None, text: str, timeout: float = 10
+) -> tuple[int, dict[str, Any]]:
+    """A chat completion through a lab router: the status and the JSON answer (or error)."""
+    request = urllib.request.Request(
+        f"{endpoint}/v1/chat/completions",
+        method="POST",
+        data=json.dumps(
+            {
+                "model": "lab/tiny-llama",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 8,
+            }
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {key}"} if key else {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = {"text": body}
+        return exc.code, doc if isinstance(doc, dict) else {"body": doc}

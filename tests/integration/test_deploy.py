@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ import pytest
 
 from tests.support import (
     Lab,
+    chat,
     pdctl,
     pdctl_json,
     private_tmp,
@@ -78,32 +77,7 @@ class Service:
         return str(self.lab.ssh(node, command, user="root").stdout)
 
     def chat(self, text: str, key: str | None, timeout: float = 10) -> tuple[int, dict[str, Any]]:
-        endpoint = self.endpoint or self.status()["endpoint"]
-        request = urllib.request.Request(
-            f"{endpoint}/v1/chat/completions",
-            method="POST",
-            data=json.dumps(
-                {
-                    "model": "lab/tiny-llama",
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": 8,
-                }
-            ).encode(),
-            headers={
-                "Content-Type": "application/json",
-                **({"Authorization": f"Bearer {key}"} if key else {}),
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                doc = {"text": text}
-            return exc.code, doc if isinstance(doc, dict) else {"body": doc}
+        return chat(self.endpoint or self.status()["endpoint"], key, text, timeout)
 
 
 @pytest.fixture(scope="module")

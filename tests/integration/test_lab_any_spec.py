@@ -11,8 +11,6 @@ carries the lab's wheelhouse. The tests run in file order and share one deployme
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ import pytest
 import yaml
 
 from pdctl.lab.runtime import crun_clamp
-from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
+from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, start_lab
 
 SERVICE = "r1-70b"  # the example's own name
 CONF = f"/etc/pdctl/{SERVICE}"
@@ -76,22 +74,12 @@ class Deployment:
         return next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == address)
 
     def chat(self, text: str) -> dict[str, Any]:
+        """Through the router, with its API key (in a root-only file on the router host)."""
         key = self.root(self.router_node(), f"cat {CONF}/router.env").strip().split("=", 1)[1]
         endpoint = json.loads(self.pdctl("--json", "status", SERVICE))["endpoint"]
-        request = urllib.request.Request(
-            f"{endpoint}/v1/chat/completions",
-            method="POST",
-            data=json.dumps(
-                {"model": "lab/tiny-llama", "messages": [{"role": "user", "content": text}]}
-            ).encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=15) as response:
-                body: dict[str, Any] = json.loads(response.read())
-                return body
-        except urllib.error.HTTPError as exc:
-            raise AssertionError(f"{exc.code}: {exc.read().decode(errors='replace')}") from exc
+        status, body = chat(endpoint, key, text, timeout=15)
+        assert status == 200, body
+        return body
 
 
 @pytest.fixture(scope="module")

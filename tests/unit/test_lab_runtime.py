@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pdctl import hardware
-from pdctl.lab import inotify
+from pdctl.lab import inotify, manager, registry, state
 from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.runtime.crun_clamp import INFINITY, clamp, clamp_document
+from pdctl.lab.state import LabHost, LabState
 
 # What podman 4.3 writes for `--ulimit memlock=-1:-1` as root (it adds nofile and nproc).
 PODMAN_RLIMITS = [
@@ -197,3 +199,24 @@ def test_inotify_leaves_a_higher_machine_value_alone(tmp_path: Path) -> None:
     sysctl.write_text("65536\n")
     inotify.ensure(100, sysctl, restore)
     assert sysctl.read_text() == "65536\n" and not restore.exists()
+
+
+def test_running_hosts_are_counted_in_every_workspace_lab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "REGISTRY", tmp_path / "registry")
+    (tmp_path / "registry").mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    labs = {"mine": [os.getpid()] * 3, "other": [os.getpid()] * 16, "crashed": [dead.pid] * 4}
+    for lab_id, (name, pids) in enumerate(labs.items()):
+        lab_dir = tmp_path / name / ".pdctl" / "lab"
+        hosts = [
+            LabHost(name=f"node{i}", index=i, kind="gpu", address=f"10.0.0.{i}", nspawn_pid=pid)
+            for i, pid in enumerate(pids, 1)
+        ]
+        state.save(lab_dir / "lab.json", LabState(lab_id=lab_id, hosts=hosts))
+        registry.claim(lab_id, lab_dir)
+    mine = tmp_path / "mine" / ".pdctl" / "lab"
+    assert manager._hosts_running(except_lab=mine) == 16  # the crashed lab's hosts are gone
+    assert manager._hosts_running(except_lab=tmp_path / "elsewhere") == 19
