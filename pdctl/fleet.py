@@ -290,6 +290,7 @@ class AddOptions:
     become: bool | None = None
     expect_nics: int | None = None
     expect_gpus: int | None = None
+    wheelhouse: str | None = None
     repin: bool = False
 
 
@@ -310,11 +311,19 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
                 f"identity file {key} does not exist", hint="pass the private key's path"
             )
         settings.identity_file = str(key.resolve())
+    if options.wheelhouse is not None:
+        try:
+            validate.host_path(options.wheelhouse)
+        except ValueError as exc:
+            raise InputError(
+                f"--wheelhouse {exc}", hint="the directory's path on the hosts"
+            ) from exc
     updates = {
         "proxy_jump": _jump_spec(options),
         "become": options.become,
         "expect_nics": options.expect_nics,
         "expect_gpus": options.expect_gpus,
+        "wheelhouse": options.wheelhouse,
     }
     for key_name, value in updates.items():
         if value is not None:

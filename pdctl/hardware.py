@@ -4,9 +4,9 @@ One file, three audiences:
 
 * on the host, ``collect()`` runs the hardware tools (``ibv_devices``,
   ``ibv_devinfo -v``, ``amd-smi``, ``rocm-smi``, ``podman``/``docker``,
-  ``systemctl``) concurrently, reads a few files, probes TCP peers, and returns
-  the raw observations as JSON-serialisable data. It never raises: a missing
-  program is rc 127, a hung one rc 124.
+  ``systemctl``) concurrently, reads a few files, tries the rlimit the workers
+  need, probes TCP peers, and returns the raw observations as JSON-serialisable
+  data. It never raises: a missing program is rc 127, a hung one rc 124.
 * pdctl (and the ``pd_preflight`` Ansible role, which links this file in as a
   module_util) turns those observations into a stored summary with ``facts()``
   and into named pass/fail checks with ``evaluate()``.
@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -105,6 +106,16 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 AMD_SMI_LIST = ("amd-smi", "list", "--json")
 ROCM_SMI = ("rocm-smi", "--showproductname", "--json")
+# The call an OCI runtime (crun, runc) makes in a container's init for `--ulimit
+# memlock=-1:-1`, the worker units' RDMA setting: made by a throwaway child, so the probe
+# keeps its own limits.
+MEMLOCK_PROBE = (
+    "import resource as r; r.setrlimit(r.RLIMIT_MEMLOCK, (r.RLIM_INFINITY, r.RLIM_INFINITY))"
+)
+CAP_SYS_RESOURCE = 24
+# An OCI runtime that lowers containers' rlimits to what the host grants instead of failing
+# (the pdctl lab's crun wrapper) says so in its --version, which `podman info` shows.
+RLIMIT_CLAMP_MARK = "rlimits: clamped"
 RUNTIME_INFO = {
     "podman": ("podman", "info", "--format", "json"),
     "docker": ("docker", "info", "--format", "{{json .}}"),
@@ -132,10 +143,14 @@ CHECK_NAMES = (
     "provider_lib",
     "roce_gid",
     "runtime",
+    "memlock",
     "disk",
     "mesh",
 )
-GPU_ONLY_CHECKS = frozenset({"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid"})
+# Workers (and so RDMA and their rlimits) run on GPU hosts only.
+GPU_ONLY_CHECKS = frozenset(
+    {"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid", "memlock"}
+)
 
 
 class ParseError(ValueError):
@@ -341,6 +356,27 @@ def _render_nodes() -> list[str]:
     return sorted(str(p) for p in Path(DRI_DIR).glob("renderD*"))
 
 
+def _bounding_set_has(capability: int) -> bool | None:
+    """Whether this process's capability bounding set holds ``capability`` (None: unknown)."""
+    status = Path("/proc/self/status").read_text(encoding="utf-8", errors="replace")
+    match = re.search(r"^CapBnd:\s*([0-9a-fA-F]+)", status, re.MULTILINE)
+    return bool(int(match.group(1), 16) >> capability & 1) if match else None
+
+
+def _memlock(timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """Whether root here can have RLIMIT_MEMLOCK unlimited, and what decides it."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    tried = run_command((sys.executable, "-c", MEMLOCK_PROBE), timeout, env)
+    errors = [line.strip() for line in tried["stderr"].splitlines() if line.strip()]
+    return {
+        "euid": os.geteuid(),
+        "hard": None if hard == resource.RLIM_INFINITY else hard,
+        "cap_sys_resource": _safe(lambda: _bounding_set_has(CAP_SYS_RESOURCE), None),
+        "unlimited": tried["rc"] == 0,
+        "error": _clip(errors[-1], 100) if tried["rc"] and errors else None,
+    }
+
+
 def _safe(fn: Callable[[], Any], default: Any) -> Any:
     try:
         return fn()
@@ -403,6 +439,7 @@ def collect(
     for key, argv in COMMANDS:
         jobs[key] = functools.partial(run_command, argv, timeout, env)
     jobs["gpu"] = lambda: _gpu_commands(timeout, env)
+    jobs["memlock"] = lambda: _safe(lambda: _memlock(timeout, env), {})
     for runtime in RUNTIMES:
         if shutil.which(runtime, path=search_path):
             jobs[f"{runtime}_info"] = functools.partial(
@@ -438,6 +475,7 @@ def collect(
             else:
                 done[key] = value
         raw["commands"] = {key: done[key] for key in COMMAND_ORDER if key in done}
+        raw["memlock"] = done["memlock"]
         raw["reach"] = [future.result() for future in peer_futures]
     raw["elapsed_s"] = round(time.monotonic() - started, 3)
     return raw
@@ -811,9 +849,23 @@ def _runtime_view(raw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         found.append((name, version, _command(raw, f"{name}_info")))
     if not found:
         return {"name": None, "version": None, "usable": False}, None
-    judged = [(name, version, _info_problem(name, info)) for name, version, info in found]
-    name, version, problem = next((j for j in judged if j[2] is None), judged[0])
-    return {"name": name, "version": version, "usable": problem is None}, problem
+    judged = [(name, version, info, _info_problem(name, info)) for name, version, info in found]
+    name, version, info, problem = next((j for j in judged if j[3] is None), judged[0])
+    view = {"name": name, "version": version, "usable": problem is None}
+    return {**view, **_oci_runtime(info)}, problem
+
+
+def _oci_runtime(info: dict[str, Any] | None) -> dict[str, Any]:
+    """From `podman info`: the OCI runtime's path and whether it clamps rlimits ({}: not shown)."""
+    try:
+        oci = json.loads(info["stdout"])["host"]["ociRuntime"] if info else {}
+        lines = str(oci.get("version") or "").splitlines()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return {
+        "oci_runtime": str(oci.get("path") or oci.get("name") or ""),
+        "clamps_rlimits": any(line.startswith(RLIMIT_CLAMP_MARK) for line in lines),
+    }
 
 
 def _info_problem(name: str, info: dict[str, Any] | None) -> str | None:
@@ -971,6 +1023,7 @@ class Check:
     ok: bool
     message: str
     skipped: bool = False
+    emulated: bool = False  # passed only because the host emulates it (the pdctl lab)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -1288,6 +1341,62 @@ def _check_runtime(host: str, view: _View) -> Check:
     return Check("runtime", True, f"{host}: {name} {version} works (`{name} info` succeeds)")
 
 
+def _memlock_fix(runtime: str, cap_sys_resource: object) -> str:
+    if cap_sys_resource is False:
+        return (
+            "raise RLIMIT_MEMLOCK to unlimited where this host is made (e.g. `--ulimit "
+            "memlock=-1:-1`, nspawn `--rlimit=RLIMIT_MEMLOCK=infinity`) or grant it "
+            "CAP_SYS_RESOURCE"
+        )
+    if runtime == "docker":
+        return "LimitMEMLOCK=infinity in a drop-in for docker.service and containerd.service"
+    return "DefaultLimitMEMLOCK=infinity in /etc/systemd/system.conf (podman runs in pdctl's units)"
+
+
+def _check_memlock(host: str, raw: dict[str, Any], view: _View) -> Check:
+    memlock = _dict(raw.get("memlock"))
+    if "unlimited" not in memlock:
+        return Check("memlock", False, f"{host}: memlock was not probed (re-run the check)")
+    if memlock["unlimited"] is True:
+        return Check(
+            "memlock",
+            True,
+            f"{host}: root can set memlock unlimited (the workers' --ulimit memlock=-1:-1, RDMA)",
+        )
+    hard = memlock.get("hard")
+    limit = "unlimited" if hard is None else f"{hard} bytes"
+    cap = memlock.get("cap_sys_resource")
+    why = (
+        f"no CAP_SYS_RESOURCE here (a container or sandbox host) and the hard limit is {limit}"
+        if cap is False
+        else f"setrlimit failed ({memlock.get('error') or 'no error text'}), hard limit {limit}"
+    )
+    if view.runtime.get("clamps_rlimits"):
+        return Check(
+            "memlock",
+            True,
+            f"{host}: memlock unlimited emulated: {why}; the OCI runtime "
+            f"{view.runtime.get('oci_runtime') or ''} lowers containers' rlimits to what the host "
+            f"grants, so workers run with memlock {limit}",
+            emulated=True,
+        )
+    if memlock.get("euid") != 0:
+        return Check(
+            "memlock",
+            False,
+            f"{host}: memlock not checked: the probe ran as uid {memlock.get('euid')}, not root "
+            "(fix sudo first)",
+        )
+    runtime = str(view.runtime.get("name") or "the container runtime")
+    return Check(
+        "memlock",
+        False,
+        f"{host}: {runtime} cannot give the workers memlock unlimited (--ulimit memlock=-1:-1, "
+        f"for RDMA): {why}; fix: {_memlock_fix(runtime, cap)}; or, without RDMA, set "
+        "`pdctl: {memlock: inherit}` in the spec",
+    )
+
+
 def _check_disk(host: str, raw: dict[str, Any], expect: Expectations) -> Check:
     storage = _dict(raw.get("storage"))
     path, free = storage.get("path"), _gb(storage.get("free_bytes"))
@@ -1345,6 +1454,7 @@ def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check
         "provider_lib": lambda: _check_provider_lib(host, raw, view, expect),
         "roce_gid": lambda: _check_roce_gid(host, view, expect),
         "runtime": lambda: _check_runtime(host, view),
+        "memlock": lambda: _check_memlock(host, raw, view),
         "disk": lambda: _check_disk(host, raw, expect),
         "mesh": lambda: _check_mesh(host, raw),
     }

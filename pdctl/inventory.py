@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from pdctl import validate
 from pdctl.ansible_data import unsafe_yaml
@@ -45,6 +45,9 @@ class FleetSettings(BaseModel):
     provider_lib: str = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
     gid_index: int = 3
     min_disk_gb: float = 50.0
+    # Wheels on the hosts for SMG and the scaler when they have no internet; a spec's
+    # pdctl.wheelhouse wins.
+    wheelhouse: Annotated[str, AfterValidator(validate.host_path)] | None = None
 
 
 class Preflight(BaseModel):

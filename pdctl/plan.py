@@ -582,7 +582,7 @@ def _plan(
             metrics_port=settings.router.metrics_port,
             args=router_args(spec),
             health_check_interval=max(1, int(settings.router.health_check_interval)),
-            wheelhouse=settings.wheelhouse,
+            wheelhouse=settings.wheelhouse or fleet.settings.wheelhouse,
         ),
         groups=groups,
         port_stride=settings.ports.stride,

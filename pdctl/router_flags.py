@@ -33,6 +33,11 @@ OWNED: dict[str, int] = {
 LAUNCH = re.compile(
     r"(?:^|\s)(?:smg\s+launch|python3?\s+-m\s+(?:smg|sglang_router)\.launch_router)\b"
 )
+# SMG 1.13 starts a PD router whose prefill or decode policy is one of these only with two
+# workers of that kind on its command line; pdctl registers every worker once the router is
+# up, so such a router would never start.
+LAUNCH_WORKER_POLICIES = frozenset({"power_of_two"})
+GROUP_POLICY_FLAGS = ("--prefill-policy", "--decode-policy")
 _SHELL_WORD = re.compile(r"^(?:&&|\|\||[;&|<>]|[<>]>?|\d?>&?\d?)$|[`$]")
 _SHORT_OPTION = re.compile(r"^-[A-Za-z]")
 
@@ -59,6 +64,18 @@ def _words(line: str) -> list[str]:
         return list(lexer)
     except ValueError as exc:
         raise RouterFlagError(f"the router's launch line cannot be read: {exc}") from None
+
+
+def group_policy(flag: str, value: str) -> str:
+    """A prefill or decode policy SMG can start with while it has no worker yet."""
+    if value in LAUNCH_WORKER_POLICIES:
+        kind = flag.removeprefix("--").split("-")[0]
+        raise RouterFlagError(
+            f"{flag} {value}: SMG starts a PD router with {value} only when two {kind} workers "
+            "are on its command line, and pdctl registers workers after the router starts; "
+            "choose another policy (e.g. cache_aware, round_robin, least_load)"
+        )
+    return value
 
 
 def _owned_abbreviation(flag: str) -> str | None:
@@ -88,6 +105,10 @@ def _check_word(word: str) -> None:
             )
 
 
+def _next(words: list[str], index: int) -> str:
+    return words[index] if index < len(words) else ""
+
+
 def kept_flags(line: str) -> list[str]:
     """The launch line's flags minus those pdctl sets (RouterFlagError: one it cannot pass)."""
     words = _words(line)
@@ -103,6 +124,8 @@ def kept_flags(line: str) -> list[str]:
         _check_word(word)
         flag = word.split("=", 1)[0]
         i += 1
+        if flag in GROUP_POLICY_FLAGS:
+            group_policy(flag, word.split("=", 1)[1] if "=" in word else _next(words, i))
         if flag in OWNED:
             take = OWNED[flag]
             if "=" not in word:

@@ -28,7 +28,7 @@ from pydantic import (
 from pdctl import validate
 from pdctl.commands import CommandError, worker_script
 from pdctl.errors import InputError
-from pdctl.router_flags import RouterFlagError, kept_flags, launch_line
+from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
 GroupRole = Literal["router", "prefill", "decode"]
@@ -309,8 +309,12 @@ class PdctlRouter(Strict):
     )
     metrics_port: Port = 29000
     policy: Policy | None = None
-    prefill_policy: Policy = "round_robin"
-    decode_policy: Policy = "round_robin"
+    prefill_policy: Annotated[
+        Policy, AfterValidator(lambda v: group_policy("--prefill-policy", v))
+    ] = "round_robin"
+    decode_policy: Annotated[
+        Policy, AfterValidator(lambda v: group_policy("--decode-policy", v))
+    ] = "round_robin"
     health_check_interval: Annotated[Duration, Field(ge=1)] = 10.0
 
 

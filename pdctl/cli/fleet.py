@@ -21,9 +21,12 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     for host in doc["hosts"]:
         failed = [c for c in host["checks"] if not c["ok"]]
         verdict = "ok" if host["ok"] else "FAILED"
+        emulated = [c["name"] for c in host["checks"] if c.get("emulated")]
         detail = "; ".join(c["message"] for c in failed) or (
             "CPU host: GPU/RDMA checks skipped" if host["kind"] == "cpu" else "all checks passed"
         )
+        if emulated:  # a lab host: say what passed only by emulation
+            detail += f" (emulated: {', '.join(emulated)})"
         rows.append((host["name"], host["kind"], verdict, detail))
     if rows:  # none when `fleet add --proxy-jump J --repin` only re-pinned the jump host
         app.out.table(
@@ -54,6 +57,12 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
 @click.option("--expect-nics", type=int, help="RDMA NICs every GPU host must have. [default: 8]")
 @click.option("--expect-gpus", type=int, help="GPUs every GPU host must have. [default: 8]")
 @click.option(
+    "--wheelhouse",
+    metavar="DIR",
+    help="Wheels on the hosts (absolute path) to install SMG and the scaler from, for hosts "
+    "without internet; a spec's pdctl.wheelhouse wins.",
+)
+@click.option(
     "--repin",
     is_flag=True,
     help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
@@ -71,6 +80,7 @@ def add(
     become: bool | None,
     expect_nics: int | None,
     expect_gpus: int | None,
+    wheelhouse: str | None,
     repin: bool,
     yes: bool,
 ) -> None:
@@ -84,6 +94,7 @@ def add(
         become=become,
         expect_nics=expect_nics,
         expect_gpus=expect_gpus,
+        wheelhouse=wheelhouse,
         repin=repin,
     )
     with app.out.progress(f"fleet add {name}") as progress:

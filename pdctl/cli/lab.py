@@ -26,6 +26,8 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     ]
     app.out.table(["host", "kind", "address", "gpus", "state", "faults"], rows)
     app.out.line(f"worker image: {doc['worker_image']}   wheelhouse: {doc['wheelhouse']}")
+    for line in doc["emulated"]:
+        app.out.line(f"emulated: {line}")
     app.out.line("register these hosts as a fleet with:")
     app.out.line(f"  {doc['fleet_add']}")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from pdctl.errors import PdctlError
 from pdctl.lab import network
 from pdctl.lab.rootfs import SUDO_USER
+from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.state import NICS_PER_HOST, FakeHardware, LabHost, LabState, write_hardware
 from pdctl.lab.system import quiet, run
 
@@ -32,6 +33,14 @@ FAKE_TOOLS = ("ibv_devices", "ibv_devinfo", "amd-smi", "rocm-smi")
 RENDER_MINOR_BASE = 128
 # Where the lab's shared, read-only files appear inside every host.
 SHARE_MOUNT = "/opt/pdctl-lab"
+# Podman in every host runs crun through the lab's rlimit clamp (runtime/crun_clamp.py): the
+# units ask for production's limits, the host grants what this machine can.
+RUNTIME_DROP_IN = "etc/containers/containers.conf.d/50-pdctl-lab-runtime.conf"
+_RUNTIME_CONF = f"""\
+# pdctl lab: crun through a wrapper that clamps container rlimits to what this host grants
+[engine.runtimes]
+crun = ["{SHARE_MOUNT}/runtime/{Path(crun_clamp.__file__).name}"]
+"""
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class Shared:
 
     rootfs: Path
     fakes: Path  # directory holding pdfake.py
+    runtime: Path  # directory holding crun_clamp.py
     image_archive: Path
     wheelhouse: Path
     public_key: str
@@ -86,6 +96,15 @@ class HostPaths:
         return self.base / "containers"
 
     @property
+    def emulation(self) -> Path:
+        """The host's crun_clamp.LOG_DIR: what its runtime emulated."""
+        return self.base / "emulation"
+
+    @property
+    def rlimit_log(self) -> Path:
+        return self.emulation / Path(crun_clamp.LOG).name
+
+    @property
     def console(self) -> Path:
         return self.base / "console.log"
 
@@ -104,7 +123,8 @@ def render_node(paths: HostPaths, gpu: int) -> Path:
 
 def prepare(state: LabState, host: LabHost, paths: HostPaths, shared: Shared) -> None:
     """Lay out the host's directories, fake hardware and overlay root (not yet booted)."""
-    for directory in (paths.upper, paths.work, paths.root, paths.fake, paths.bin, paths.containers):
+    directories = (paths.upper, paths.work, paths.root, paths.fake, paths.bin, paths.containers)
+    for directory in (*directories, paths.emulation):
         directory.mkdir(parents=True, exist_ok=True)
     if not paths.hardware.exists():
         write_hardware(
@@ -130,6 +150,9 @@ def prepare(state: LabState, host: LabHost, paths: HostPaths, shared: Shared) ->
             ]
         )
     _personalize(state, host, paths.root, shared.public_key)
+    drop_in = paths.root / RUNTIME_DROP_IN
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text(_RUNTIME_CONF)
 
 
 def prepare_hardware(host: LabHost, paths: HostPaths) -> None:
@@ -181,6 +204,8 @@ def _nspawn_argv(state: LabState, host: LabHost, paths: HostPaths, shared: Share
         f"--bind={paths.containers}:/var/lib/containers",
         f"--bind-ro={paths.bin}:/usr/local/bin",
         f"--bind-ro={shared.fakes}:{SHARE_MOUNT}/fakes",
+        f"--bind-ro={shared.runtime}:{SHARE_MOUNT}/runtime",
+        f"--bind={paths.emulation}:{crun_clamp.LOG_DIR}",
         f"--bind-ro={shared.image_archive.parent}:{SHARE_MOUNT}/images",
         f"--bind-ro={shared.wheelhouse}:{SHARE_MOUNT}/wheelhouse",
     ]

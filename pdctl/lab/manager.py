@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pdctl.errors import InputError, NotFound, PdctlError
-from pdctl.lab import faults, image, network, registry, rootfs, state, wheelhouse
+from pdctl.lab import faults, image, inotify, network, registry, rootfs, state, wheelhouse
 from pdctl.lab import host as lab_host
 from pdctl.lab.host import SHARE_MOUNT, HostPaths, Shared
+from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.state import Fault, HostKind, LabHost, LabState
 from pdctl.lab.system import require_programs, require_root, run
 from pdctl.workspace import Workspace
@@ -21,11 +22,11 @@ from pdctl.workspace import Workspace
 Progress = Callable[[str], None]
 MAX_HOSTS = 200
 BOOT_TIMEOUT = 180.0
-# More hosts than this exhaust the default inotify instances (cgroup watches).
-INOTIFY_HOSTS = 20
-INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
 WORKER_SOURCE = Path(__file__).parent / "worker" / "sglang"
 FAKES_SOURCE = Path(__file__).parent / "fakes"
+RUNTIME_SOURCE = Path(crun_clamp.__file__).parent
+# Lab hosts have no internet: SMG and the scaler install from here (wheelhouse.py).
+WHEELHOUSE = f"{SHARE_MOUNT}/wheelhouse"
 
 
 class Lab:
@@ -86,6 +87,7 @@ def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> 
     shared = Shared(
         rootfs=base,
         fakes=FAKES_SOURCE,
+        runtime=RUNTIME_SOURCE,
         image_archive=image.ensure_image(base, WORKER_SOURCE),
         wheelhouse=wheelhouse.ensure_wheelhouse(progress),
         public_key=public_key,
@@ -94,7 +96,7 @@ def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> 
         current = _claim(lab, str(base))
         desired = _desired(hosts, cpu_hosts, current.subnet)
         network.ensure_bridge(current)
-        _tune_inotify(current, hosts)
+        inotify.ensure(_hosts_running(except_lab=lab.dir) + hosts)
         booting = _converge_hosts(lab, current, desired, shared, progress)
     deadline = time.monotonic() + BOOT_TIMEOUT
     for host in booting:
@@ -104,11 +106,26 @@ def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> 
     return status(workspace)
 
 
-def _claim(lab: Lab, base: str) -> LabState:
-    """This workspace's lab state, with a lab id held; stale labs swept first."""
+def _labs() -> Iterator[tuple[int, Path | None, LabState | None]]:
+    """Every lab id claimed on this machine: its owner's lab directory and recorded state."""
     for lab_id in registry.claimed_ids():
         owner = registry.owner(lab_id)
-        other = state.load(owner / "lab.json") if owner else None
+        yield lab_id, owner, state.load(owner / "lab.json") if owner else None
+
+
+def _hosts_running(except_lab: Path) -> int:
+    """Lab hosts whose nspawn runs, in every workspace's lab but ``except_lab``."""
+    return sum(
+        lab_host.has_process(host)
+        for _, owner, other in _labs()
+        if other is not None and owner != except_lab
+        for host in other.hosts
+    )
+
+
+def _claim(lab: Lab, base: str) -> LabState:
+    """This workspace's lab state, with a lab id held; stale labs swept first."""
+    for lab_id, owner, other in _labs():
         if other is None or not any(lab_host.has_process(h) for h in other.hosts):
             _sweep(owner or Path("/nonexistent"), other, lab_id)
             registry.release(lab_id)
@@ -142,7 +159,6 @@ def _sweep(lab_dir: Path, lab: LabState | None, lab_id: int) -> None:
     network.delete_bridge(known)
     lab_host.remove_cgroup(known.cgroup())
     if lab is not None:
-        _restore_inotify(lab)
         lab.hosts = []
         with contextlib.suppress(OSError):
             state.save(lab_dir / "lab.json", lab)
@@ -170,20 +186,6 @@ def _converge_hosts(
     return booting
 
 
-def _tune_inotify(lab: LabState, hosts: int) -> None:
-    if hosts <= INOTIFY_HOSTS or lab.inotify_restore is not None:
-        return
-    lab.inotify_restore = int(INOTIFY_SYSCTL.read_text())
-    INOTIFY_SYSCTL.write_text(str(max(4096, lab.inotify_restore)))
-
-
-def _restore_inotify(lab: LabState) -> None:
-    if lab.inotify_restore is not None:
-        with contextlib.suppress(OSError):
-            INOTIFY_SYSCTL.write_text(str(lab.inotify_restore))
-        lab.inotify_restore = None
-
-
 def _load_worker_image(lab: LabState, shared: Shared, progress: Progress) -> None:
     archive = f"{SHARE_MOUNT}/images/{shared.image_archive.name}"
 
@@ -205,6 +207,7 @@ def status(workspace: Workspace) -> dict[str, Any]:
     lab = Lab(workspace)
     current = lab.load()
     hosts = current.hosts if current else []
+    emulated = {h.name: crun_clamp.emulated(lab.paths(h).rlimit_log) for h in hosts}
     doc_hosts = [
         {
             "name": h.name,
@@ -216,6 +219,7 @@ def status(workspace: Workspace) -> dict[str, Any]:
             "kind": h.kind,
             "state": "running" if lab_host.is_running(h) else "stopped",
             "faults": [f.label() for f in h.faults],
+            "emulated": emulated[h.name],
         }
         for h in hosts
     ]
@@ -223,14 +227,17 @@ def status(workspace: Workspace) -> dict[str, Any]:
         "hosts": doc_hosts,
         "worker_image": image.WORKER_IMAGE,
         "worker_images": [f"{image.REPOSITORY}:{tag}" for tag in image.TAGS],
-        "wheelhouse": f"{SHARE_MOUNT}/wheelhouse",
+        "wheelhouse": WHEELHOUSE,
         "fleet_add": fleet_add_line(lab, hosts) if hosts else None,
+        # What the hosts' runtimes granted in place of what units asked (crun_clamp.py).
+        "emulated": sorted({line for lines in emulated.values() for line in lines}),
     }
 
 
 def fleet_add_line(lab: Lab, hosts: list[LabHost]) -> str:
+    """Registers the hosts, with the lab's settings as fleet settings (the wheelhouse)."""
     host_args = " ".join(f"--host {rootfs.SUDO_USER}@{h.address}" for h in hosts)
-    return f"pdctl fleet add lab --identity-file {lab.key} {host_args}"
+    return f"pdctl fleet add lab --identity-file {lab.key} --wheelhouse {WHEELHOUSE} {host_args}"
 
 
 def running_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:
@@ -271,6 +278,7 @@ def down(workspace: Workspace, progress: Progress) -> dict[str, Any]:
         if registry.owner(current.lab_id) == lab.dir:
             registry.release(current.lab_id)
         shutil.rmtree(lab.dir, ignore_errors=True)
+        inotify.restore_when_idle(_hosts_running(except_lab=lab.dir))
     return {"removed_hosts": names, "lab": current.lab_id}
 
 

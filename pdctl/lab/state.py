@@ -57,7 +57,6 @@ class LabState(BaseModel):
     lab_id: int
     hosts: list[LabHost] = Field(default_factory=list)
     rootfs: str = ""
-    inotify_restore: int | None = None
 
     @property
     def bridge(self) -> str:

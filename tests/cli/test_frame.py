@@ -65,3 +65,13 @@ def test_fault_on_unknown_lab_host_is_not_found(workspace: Path) -> None:
         pdctl(workspace, "--json", "lab", "fault", "node9", "clear", check=False).stdout
     )
     assert doc["error"]["exit_code"] in {6, 7}  # 6 when not root, 7: no such host
+
+
+def test_fleet_wheelhouse_is_checked_like_any_path(workspace: Path) -> None:
+    # 192.0.2.1 (TEST-NET-1) is never contacted: the path is refused first.
+    for bad in ("wheels", "/opt/../wheels", "/opt/my wheels"):
+        proc = pdctl(
+            workspace, "fleet", "add", "f", "--wheelhouse", bad, "--host", "192.0.2.1", check=False
+        )
+        assert proc.returncode == 3 and "--wheelhouse" in proc.stderr, proc.stderr
+    assert not (workspace / "inventories" / "f").exists()

@@ -210,6 +210,17 @@ CASES: list[tuple[str, str, str]] = [
         "replicas[0].commands[1]",
     ),
     ("router-variable", sub(ROUTER_CMD, "--prefill-policy $POLICY\n"), "replicas[0].commands[1]"),
+    # SMG cannot start with it: pdctl registers the workers after the router is up.
+    (
+        "router-power-of-two",
+        sub(ROUTER_CMD, "--prefill-policy cache_aware --decode-policy power_of_two\n"),
+        "replicas[0].commands[1]",
+    ),
+    (
+        "policy-power-of-two",
+        sub("pdctl:\n", "pdctl:\n  router:\n    prefill_policy: power_of_two\n"),
+        "pdctl.router.prefill_policy",
+    ),
     (
         "policy-unknown",
         sub("pdctl:\n", "pdctl:\n  router:\n    decode_policy: 'x; rm -rf /'\n"),

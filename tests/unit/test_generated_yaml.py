@@ -39,3 +39,14 @@ def test_inventory_and_plan_file_are_lint_clean(tmp_path: Path) -> None:
     assert found == []
     # And they still read back as what was written.
     assert inventory.load(Workspace(tmp_path), "f").hosts[1].facts == gpu.facts
+
+
+def test_fleet_wheelhouse_is_a_fleet_setting(tmp_path: Path) -> None:
+    lab = fleet(host("cpu1", "cpu"), host("gpu1"))
+    lab.settings.wheelhouse = "/opt/pdctl-lab/wheelhouse"
+    directory = inventory.save(Workspace(tmp_path), lab)
+    assert (
+        "pd_fleet_wheelhouse: /opt/pdctl-lab/wheelhouse\n"
+        in (directory / "group_vars/all.yml").read_text()
+    )
+    assert inventory.load(Workspace(tmp_path), "f").settings.wheelhouse == lab.settings.wheelhouse

@@ -406,6 +406,24 @@ def runtime_commands(kind: str = "podman") -> dict[str, dict[str, Any]]:
     return commands
 
 
+# A bare-metal host: root may raise its rlimits.
+MEMLOCK_OK = {
+    "euid": 0,
+    "hard": 8388608,
+    "cap_sys_resource": True,
+    "unlimited": True,
+    "error": None,
+}
+# A host that is itself a container without CAP_SYS_RESOURCE (like this project's machines).
+MEMLOCK_CAPPED = {
+    "euid": 0,
+    "hard": 8388608,
+    "cap_sys_resource": False,
+    "unlimited": False,
+    "error": "ValueError: not allowed to raise maximum limit",
+}
+
+
 def make_raw(
     *,
     kind: str = "gpu",
@@ -416,6 +434,7 @@ def make_raw(
     kfd: bool | None = None,
     reach: list[dict[str, Any]] | None = None,
     free_gb: float = 400.0,
+    memlock: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A raw document as collect() writes it, for a healthy host unless told otherwise."""
     is_gpu = kind == "gpu"
@@ -456,6 +475,7 @@ def make_raw(
         "systemd": True,
         "python": "3.11.2",
         "commands": commands,
+        "memlock": memlock if memlock is not None else MEMLOCK_OK,
         "reach": reach if reach is not None else [],
         "elapsed_s": 0.8,
     }
@@ -937,6 +957,7 @@ def test_evaluate_cpu_host_skips_gpu_and_rdma() -> None:
         "rdma_ports",
         "provider_lib",
         "roce_gid",
+        "memlock",
     ]
     assert all(c.ok and c.message == CPU_SKIP_MESSAGE for c in skipped)
     assert failing(checks) == {}
@@ -1193,6 +1214,7 @@ def test_check_to_dict_and_expectations() -> None:
         "ok": False,
         "message": "node2: full",
         "skipped": False,
+        "emulated": False,
     }
     assert Expectations(kind="gpu").provider_lib == PROVIDER
     with pytest.raises(ValueError, match="kind must be 'gpu' or 'cpu'"):
@@ -1271,6 +1293,65 @@ def test_collect_on_this_machine_with_its_path() -> None:
     assert raw["hostname"] == socket.gethostname()
 
 
+def test_collect_tries_memlock_unlimited_as_the_runtime_would() -> None:
+    """The probe's answer follows the rules setrlimit(2) applies to this very machine."""
+    memlock = collect(PROVIDER, ["/"], [])["memlock"]
+    may_raise = memlock["euid"] == 0 and memlock["cap_sys_resource"] is not False
+    assert memlock["unlimited"] == (memlock["hard"] is None or may_raise)
+    if not memlock["unlimited"]:
+        assert memlock["error"] == "ValueError: not allowed to raise maximum limit"
+        assert memlock["hard"] is not None
+
+
+# --------------------------------------------------------------------------- memlock
+
+
+def test_memlock_passes_where_root_may_raise_it() -> None:
+    check = by_name(evaluate(HOST, make_raw(), GPU))["memlock"]
+    assert check.ok and not check.emulated
+    assert "memlock unlimited" in check.message
+
+
+def test_memlock_on_a_host_without_cap_sys_resource_names_the_fix() -> None:
+    message = failing(evaluate(HOST, make_raw(memlock=MEMLOCK_CAPPED), GPU))["memlock"]
+    assert message.startswith(f"{HOST}: podman cannot give the workers memlock unlimited")
+    assert "no CAP_SYS_RESOURCE here" in message and "8388608 bytes" in message
+    assert "--rlimit=RLIMIT_MEMLOCK=infinity" in message  # raise it where the host is made
+    assert "`pdctl: {memlock: inherit}`" in message  # or do without RDMA's setting
+
+
+def test_memlock_fix_follows_the_runtime() -> None:
+    refused = {**MEMLOCK_CAPPED, "cap_sys_resource": True}
+    podman = failing(evaluate(HOST, make_raw(memlock=refused), GPU))["memlock"]
+    assert "DefaultLimitMEMLOCK=infinity in /etc/systemd/system.conf" in podman
+    assert "setrlimit failed (ValueError: not allowed to raise maximum limit)" in podman
+    raw = make_raw(runtime="none", memlock=refused)
+    raw["commands"]["docker_version"] = cmd(["docker", "--version"], 0, "Docker version 28.2.2\n")
+    raw["commands"]["docker_info"] = cmd(["docker", "info", "--format", "{{json .}}"], 0, "{}\n")
+    docker = failing(evaluate(HOST, raw, GPU))["memlock"]
+    assert "drop-in for docker.service and containerd.service" in docker
+
+
+def test_memlock_clamped_by_the_runtime_passes_as_emulated() -> None:
+    raw = make_raw(memlock=MEMLOCK_CAPPED)
+    version = f"crun version 1.8.1\nspec: 1.0.0\n{hw.RLIMIT_CLAMP_MARK} to this host's limits"
+    info = {"host": {"ociRuntime": {"name": "crun", "path": "/opt/x/crun", "version": version}}}
+    raw["commands"]["podman_info"]["stdout"] = json.dumps(info)
+    check = by_name(evaluate(HOST, raw, GPU))["memlock"]
+    assert check.ok and check.emulated and check.to_dict()["emulated"] is True
+    assert "memlock unlimited emulated" in check.message and "/opt/x/crun" in check.message
+    assert "workers run with memlock 8388608 bytes" in check.message
+
+
+def test_memlock_probed_without_root_or_not_at_all() -> None:
+    as_user = {**MEMLOCK_CAPPED, "euid": 1000}
+    message = failing(evaluate(HOST, make_raw(memlock=as_user), GPU))["memlock"]
+    assert "not checked: the probe ran as uid 1000, not root (fix sudo first)" in message
+    raw = make_raw()
+    del raw["memlock"]  # from a pdctl before the check
+    assert "was not probed" in failing(evaluate(HOST, raw, GPU))["memlock"]
+
+
 # --------------------------------------------------------------------------- collect(): fakes
 
 FAKE_PODMAN = """\
@@ -1312,6 +1393,8 @@ class FakeHost:
         monkeypatch.setattr(hw, "KFD_PATH", str(tmp / "kfd"))
         monkeypatch.setattr(hw, "DRI_DIR", str(tmp / "dri"))
         monkeypatch.setattr(hw, "SYSTEMD_RUN_DIR", str(tmp / "systemd"))
+        # A bare-metal host's root may raise rlimits, whatever this machine allows.
+        monkeypatch.setattr(hw, "MEMLOCK_PROBE", "")
         self.state(host_index=1)
 
     def state(self, **state: Any) -> None:
@@ -1413,6 +1496,7 @@ def test_fakes_cpu_host(fake_host: FakeHost) -> None:
         "rdma_ports",
         "provider_lib",
         "roce_gid",
+        "memlock",
     ]
 
 

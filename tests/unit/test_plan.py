@@ -191,7 +191,7 @@ def test_router_flags_keep_policies_and_drop_what_pdctl_sets() -> None:
         "--prefill-policy",
         "cache_aware",
         "--decode-policy",
-        "power_of_two",
+        "least_load",
     ]
     dstack, _ = load(REPO / "tests/data/dstack-pd.yml", ENV)  # no router group: pdctl's defaults
     assert router_args(dstack) == [
@@ -357,3 +357,19 @@ def test_held_gpus_outside_the_host_or_on_other_hosts_change_nothing() -> None:
     a = place("a")
     noise = [Held("x", "gpu1", "prefill/1", gpus=(8, 9)), Held("x", "elsewhere", "d", gpus=(0,))]
     assert place("a", noise) == a
+
+
+def test_wheelhouse_from_the_fleet_unless_the_spec_names_one() -> None:
+    hosts = fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2"))
+    hosts.settings.wheelhouse = "/srv/wheels"
+    spec, env = load(REPO / "examples/pd-amd-mi300x.yml", ENV)  # no pdctl.wheelhouse
+    assert spec.pdctl.wheelhouse is None
+    assert (
+        build(spec, env, hosts, allow_partial=True, secrets_digest="").router.wheelhouse
+        == "/srv/wheels"
+    )
+    spec.pdctl.wheelhouse = "/opt/spec-wheels"
+    assert (
+        build(spec, env, hosts, allow_partial=True, secrets_digest="").router.wheelhouse
+        == "/opt/spec-wheels"
+    )

@@ -1,0 +1,207 @@
+"""A dstack file used unchanged deploys on the lab: no `pdctl:` key, `privileged: true`.
+
+The file is examples/pd-amd-mi300x.yml made lab-sized (the lab's image, two `MI300X:4`
+replicas a group, a tiny model, no model cache volume), privileged, without its `pdctl:` key:
+pdctl's defaults then ask for `--ulimit memlock=-1:-1` (RDMA), the router group says
+`pip install smg` on hosts without internet, and the workers run privileged. The lab grants
+what this machine can (its runtime clamps rlimits, reported as emulated) and the fleet
+carries the lab's wheelhouse. The tests run in file order and share one deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdctl.lab.runtime import crun_clamp
+from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, start_lab
+
+SERVICE = "r1-70b"  # the example's own name
+CONF = f"/etc/pdctl/{SERVICE}"
+HOST_LIB = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
+CONTAINER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+NODES = ("node1", "node2", "node3")
+# This machine's own verdict: the lab clamps only where rlimits cannot be raised.
+CLAMPED = not crun_clamp.can_raise(Path("/proc/self/status").read_text())
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pd-amd-mi300x.yml"
+MODEL = "lab/tiny-llama"
+
+
+def dstack_file(image: str) -> str:
+    """examples/pd-amd-mi300x.yml for two 8-GPU lab hosts, privileged, no `pdctl:` key."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    del doc["pdctl"]  # nothing pdctl-only: the file as dstack users write it
+    doc.update(image=image, privileged=True, model=MODEL)
+    doc["env"] = [f"MODEL_ID={MODEL}" if e.startswith("MODEL_ID=") else e for e in doc["env"]]
+    doc["volumes"] = [v for v in doc["volumes"] if v.startswith(HOST_LIB)]  # no model cache
+    for group in doc["replicas"][1:]:
+        group["count"] = "1..2"  # two 8-GPU hosts hold four MI300X:4 replicas
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+@dataclass
+class Deployment:
+    lab: Lab
+    spec: Path
+    token: str
+    fleet: dict[str, Any]  # `pdctl --json fleet add`'s document
+    outputs: list[str] = field(default_factory=list)
+
+    def pdctl(self, *args: str, check: bool = True) -> str:
+        proc = pdctl(self.lab.home, *args, env={"HF_TOKEN": self.token}, check=check)
+        self.outputs.append(proc.stdout + proc.stderr)
+        return proc.stdout
+
+    def deploy(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(
+            self.pdctl("--json", "deploy", str(self.spec), "--fleet", "lab", "-y")
+        )
+        return doc
+
+    def root(self, node: str, command: str, stdin: str | None = None) -> str:
+        return self.lab.ssh(node, command, user="root", stdin=stdin).stdout
+
+    def router_node(self) -> str:
+        status = json.loads(self.pdctl("--json", "status", SERVICE))
+        address = status["groups"]["router"]["host"]
+        return next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == address)
+
+    def chat(self, text: str) -> dict[str, Any]:
+        """Through the router, with its API key (in a root-only file on the router host)."""
+        key = self.root(self.router_node(), f"cat {CONF}/router.env").strip().split("=", 1)[1]
+        endpoint = json.loads(self.pdctl("--json", "status", SERVICE))["endpoint"]
+        status, body = chat(endpoint, text, key, timeout=15)
+        assert status == 200, body
+        return body
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    require_lab()
+    home = tmp_path_factory.mktemp("anyspec")
+    lab = start_lab(home, hosts=3, cpu_hosts=1)
+    status = lab.status()
+    fleet = pdctl_json(home, *status["fleet_add"].split()[1:])
+    spec = home / "pd.yml"
+    spec.write_text(dstack_file(status["worker_image"]))
+    found = Deployment(lab=lab, spec=spec, token=f"hf_{uuid.uuid4().hex}", fleet=fleet)
+    yield found
+    found.pdctl("destroy", SERVICE, "-y", check=False)
+    pdctl(home, "lab", "down")
+
+
+def test_the_file_is_a_dstack_file_with_no_pdctl_settings(deployment: Deployment) -> None:
+    doc = yaml.safe_load(deployment.spec.read_text())
+    assert "pdctl" not in doc and doc["privileged"] is True
+    router = doc["replicas"][0]["commands"]
+    assert router[0] == "pip install smg" and router[1].startswith("smg launch ")
+    settings = pdctl_json(deployment.lab.home, "fleet", "show", "lab")["settings"]
+    assert settings["wheelhouse"] == deployment.lab.status()["wheelhouse"]  # the lab's settings
+
+
+def test_preflight_says_what_the_lab_emulates(deployment: Deployment) -> None:
+    for host in deployment.fleet["hosts"]:
+        memlock = next(c for c in host["checks"] if c["name"] == "memlock")
+        assert host["ok"] and memlock["ok"], host
+        if host["kind"] == "cpu":
+            assert memlock["skipped"]  # no worker runs there
+        else:
+            assert memlock["emulated"] is CLAMPED
+            assert ("memlock unlimited emulated" in memlock["message"]) is CLAMPED
+
+
+def test_deploy_serves_a_chat_request_through_the_router(deployment: Deployment) -> None:
+    doc = deployment.deploy()
+    assert doc["changed_hosts"] and doc["endpoint"].endswith(":8000")
+    answer = deployment.chat("hello from dstack")["choices"][0]["message"]["content"]
+    assert answer.startswith("[decode ") and "hello from dstack" in answer
+
+
+def test_workers_ask_for_production_limits_and_the_lab_says_what_it_granted(
+    deployment: Deployment,
+) -> None:
+    unit = deployment.root("node2", f"cat /etc/systemd/system/pd-{SERVICE}-prefill@.service")
+    assert "--ulimit memlock=-1:-1" in unit and "--privileged" in unit
+    inspect = deployment.root(
+        "node2", f"podman inspect --format '{{{{.HostConfig.Privileged}}}}' pd-{SERVICE}-prefill-1"
+    )
+    assert inspect.strip() == "true"
+    status = deployment.lab.status()
+    node2 = next(h for h in status["hosts"] if h["name"] == "node2")
+    if not CLAMPED:
+        assert status["emulated"] == [] and node2["emulated"] == []
+        return
+    memlock = [line for line in node2["emulated"] if line.startswith("memlock ")]
+    assert len(memlock) == 1 and memlock[0].startswith("memlock unlimited requested, ")
+    assert memlock[0].endswith(" granted (this machine cannot raise rlimits)")
+    granted = memlock[0].split(", ")[1].split()[0]
+    limits = deployment.root("node2", f"podman exec pd-{SERVICE}-prefill-1 cat /proc/1/limits")
+    assert f"Max locked memory         {granted:<21}{granted:<21}bytes" in limits
+    assert set(node2["emulated"]) <= set(status["emulated"])
+
+
+def test_a_second_deploy_is_a_no_op(deployment: Deployment) -> None:
+    doc = deployment.deploy()
+    assert doc["converged"] is False and doc["changes"] == [] and doc["changed_hosts"] == []
+
+
+def test_the_provider_library_is_mounted_into_the_workers(deployment: Deployment) -> None:
+    for role in ("prefill", "decode"):
+        node = "node2" if role == "prefill" else "node3"
+        mounts = json.loads(
+            deployment.root(
+                node, f"podman inspect --format '{{{{json .Mounts}}}}' pd-{SERVICE}-{role}-1"
+            )
+        )
+        lib = next(m for m in mounts if m["Destination"] == CONTAINER_LIB)
+        assert lib["Source"] == HOST_LIB and lib["RW"] is False
+
+
+def only_root_reads(chain: list[str]) -> bool:
+    """``chain``: "mode:owner" of a file, then of each directory above it."""
+    modes = [(int(mode, 8), owner) for mode, owner in (entry.split(":") for entry in chain)]
+    (mode, owner), directories = modes[0], modes[1:]
+    if owner == "root" and mode & 0o044 == 0:
+        return True
+    return any(owner == "root" and mode & 0o011 == 0 for mode, owner in directories)
+
+
+def test_the_secret_is_only_in_root_only_files(deployment: Deployment) -> None:
+    token = deployment.token
+    # Every file holding the token, with the mode and owner of it and of each directory above.
+    find = (
+        "grep -rlsF -f - /etc /opt /root /home /var/lib/containers /var/log /run /tmp"
+        " | while read -r f; do d=$f; line=$f;"
+        ' while [ "$d" != / ]; do line="$line $(stat -c %a:%U "$d")"; d=$(dirname "$d");'
+        ' done; echo "$line"; done'
+    )
+    for node in NODES:
+        # The token goes in on stdin, never on a command line (`ps` would show it).
+        found = [
+            line.split() for line in deployment.root(node, find, stdin=token + "\n").splitlines()
+        ]
+        for path, *chain in found:
+            assert only_root_reads(chain), f"{node}: {path} {chain}"
+        if node != "node1":  # the env file the workers read; podman keeps its own copies
+            assert [f"{CONF}/secrets.env", "600:root"] in [entry[:2] for entry in found]
+        for command in ("ps -eo args", "journalctl --no-pager -o cat"):
+            assert token not in deployment.root(node, command), f"{node}: {command}"
+    assert not any(token in text for text in deployment.outputs)
+
+
+def test_destroy_leaves_no_pd_unit(deployment: Deployment) -> None:
+    deployment.pdctl("destroy", SERVICE, "-y")
+    for node in NODES:
+        left = deployment.root(
+            node,
+            "systemctl list-units --all --no-legend 'pd-*' | wc -l;"
+            " ls /etc/systemd/system | grep -c '^pd-' || true",
+        ).split()
+        assert left == ["0", "0"], f"{node}: {left}"
