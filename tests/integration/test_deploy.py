@@ -76,7 +76,7 @@ class Service:
         for replica in self.status()["groups"][role]["replicas"]:
             if replica["state"] == "active":
                 container = f"pd-{SERVICE}-{role}-{replica['slot']}"
-                node = self.node(replica["host"])
+                node = self.lab.node_at(replica["host"])
                 found += self.lab.ssh(node, f"podman exec {container} env", user="root").stdout
         return found
 
