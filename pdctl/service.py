@@ -22,7 +22,7 @@ from pdctl.errors import HostError, InputError, NotFound
 from pdctl.inventory import Fleet
 from pdctl.plan import Plan
 from pdctl.router import Router
-from pdctl.scaler.act import Actuator
+from pdctl.slots import Actuator
 from pdctl.workspace import Workspace, write_atomic
 
 ROUTER_ENV = "/etc/pdctl/{service}/router.env"
