@@ -19,7 +19,7 @@ from typing import Literal
 
 from pdctl import inventory, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
-from pdctl.inventory import Fleet
+from pdctl.fleet_model import Fleet
 from pdctl.plan import Plan
 from pdctl.router import Router
 from pdctl.slots import Actuator
