@@ -44,6 +44,7 @@ lint: install
 	$(BIN)/ruff check pdctl tests bench scripts
 	$(BIN)/ruff format --check pdctl tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint
 

@@ -11,9 +11,10 @@ the same rps.
 - pdctl: ``decide()`` every second with the rate over the last 30 s (the scaler's
   ``rps_window``); scale_up_delay 30 s, scale_down_delay 120 s, stabilization 120 s,
   tolerance 10%, steps +2/-1, each group with its own History.
-- baseline: dstack's RPS autoscaler as REFERENCE.md states it: rps averaged over 60 s,
-  desired = ceil(rps / target) clipped to [min, max], scale up 5 min and down 10 min after
-  the LAST scaling event, one cooldown shared by all groups, no tolerance, no step limit.
+- baseline: dstack's RPS autoscaler as docs/facts.md (Autoscaling) states it: rps
+  averaged over 60 s, desired = ceil(rps / target) clipped to [min, max], scale up 5 min and
+  down 10 min after the LAST scaling event, one cooldown shared by all groups, no tolerance,
+  no step limit.
 
 Both count a replica that is still loading as a replica (dstack counts provisioning replicas;
 pdctl's ``running`` counts active units). Before t=0 the load is taken to be the trace's first
@@ -163,7 +164,7 @@ class Pdctl:
 
 
 class Baseline:
-    """dstack's policy as REFERENCE.md states it: one cooldown for every group."""
+    """dstack's policy as docs/facts.md states it: one cooldown for every group."""
 
     def __init__(self, warmup: float = WARMUP) -> None:
         self.warmup = warmup

@@ -26,7 +26,3 @@ def playbook(name: str) -> Path:
 
 def roles_dir() -> Path:
     return content_root() / "roles"
-
-
-def templates_dir() -> Path:
-    return content_root() / "templates"

@@ -24,8 +24,8 @@ from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot, build, held_by
 from pdctl.scaler import control
-from pdctl.scaler.act import Actuator, SlotState
 from pdctl.scaler.setup import handle_store
+from pdctl.slots import Actuator, SlotState
 from pdctl.spec import Env, Spec, load
 from pdctl.unhealthy import Unhealthy
 from pdctl.versions import scaler_requirements

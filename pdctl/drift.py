@@ -34,7 +34,7 @@ from pdctl import ssh
 from pdctl.content import content_root
 from pdctl.errors import InputError, PdctlError
 from pdctl.plan import Plan, Slot
-from pdctl.scaler.act import UNITCTL, SlotState, parse_states
+from pdctl.slots import UNITCTL, SlotState, parse_states
 from pdctl.workspace import Workspace, write_atomic
 from pdctl.yamlsrc import YamlError, load_mapping_file
 

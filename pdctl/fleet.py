@@ -20,7 +20,15 @@ from typing import Any
 from pdctl import hardware, inventory, runner, ssh, validate
 from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
-from pdctl.inventory import Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.fleet_model import (
+    Fleet,
+    FleetHost,
+    FleetSettings,
+    HostKind,
+    Preflight,
+    host_name,
+    natural_key,
+)
 from pdctl.plan import Plan
 from pdctl.workspace import Workspace
 
@@ -107,7 +115,7 @@ def _contact_all(
     return {c.host.name: c for c in contacts}
 
 
-def _kind_from_facts(facts: dict[str, Any]) -> inventory.HostKind:
+def _kind_from_facts(facts: dict[str, Any]) -> HostKind:
     gpus = (facts.get("gpus") or {}).get("count") or 0
     devices = (facts.get("rdma") or {}).get("devices") or []
     return "gpu" if gpus or facts.get("kfd") or devices else "cpu"
@@ -387,7 +395,7 @@ def _touch(
         host = fleet.by_endpoint(target.address, target.port)
         if host is None:
             host = FleetHost(
-                name=inventory.host_name(target.address, target.port),
+                name=host_name(target.address, target.port),
                 address=target.address,
                 port=target.port,
                 user=target.user,
@@ -397,7 +405,7 @@ def _touch(
         elif repin:
             known.forget(target)
             touched.append(host)
-    fleet.hosts.sort(key=lambda h: inventory._sort_key(h.name))
+    fleet.hosts.sort(key=lambda h: natural_key(h.name))
     return touched
 
 

@@ -18,8 +18,8 @@ So: standard library only, no pdctl imports, and runtime syntax that Python 3.9
 accepts (annotations are strings here, so ``X | None`` in them is fine).
 
 The parsers read the real tools' formats (rdma-core's ``devinfo.c`` and
-``device_list.c``, amd-smi's and rocm-smi's JSON) and raise ``ParseError`` with
-what they expected when the text is something else.
+``device_list.c``, amd-smi's and rocm-smi's JSON; samples in docs/facts.md) and raise
+``ParseError`` with what they expected when the text is something else.
 """
 
 from __future__ import annotations

@@ -14,73 +14,20 @@ same fleet changes no byte.
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import AfterValidator, BaseModel, Field
+from typing import Any
 
 from pdctl import validate
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import InputError, NotFound
+from pdctl.fleet_model import Fleet, FleetHost, FleetSettings, HostKind, Preflight, natural_key
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace, write_atomic
 from pdctl.yamlsrc import YamlError, dump_text, load_mapping_file
 
-HostKind = Literal["gpu", "cpu", "new"]
 GROUPS: dict[HostKind, str] = {"gpu": "pd_gpu_hosts", "cpu": "pd_cpu_hosts", "new": "pd_new_hosts"}
 KNOWN_HOSTS = "known_hosts.txt"
-
-
-class FleetSettings(BaseModel):
-    """Fleet-wide settings: how to connect, and what every GPU host must have."""
-
-    identity_file: str | None = None
-    proxy_jump: str | None = None
-    become: bool = True
-    expect_gpus: int = 8
-    expect_nics: int = 8
-    gpu_model: str | None = "MI300X"
-    provider_lib: str = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
-    gid_index: int = 3
-    min_disk_gb: float = 50.0
-    # Wheels on the hosts for SMG and the scaler when they have no internet; a spec's
-    # pdctl.wheelhouse wins.
-    wheelhouse: Annotated[str, AfterValidator(validate.host_path)] | None = None
-
-
-class Preflight(BaseModel):
-    ok: bool
-    checked_at: str
-    checks: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class FleetHost(BaseModel):
-    name: str
-    address: str
-    port: int = 22
-    user: str
-    kind: HostKind = "new"
-    facts: dict[str, Any] | None = None
-    preflight: Preflight | None = None
-
-
-class Fleet(BaseModel):
-    name: str
-    settings: FleetSettings = Field(default_factory=FleetSettings)
-    hosts: list[FleetHost] = Field(default_factory=list)
-
-    def host(self, name: str) -> FleetHost | None:
-        return next((h for h in self.hosts if h.name == name), None)
-
-    def by_endpoint(self, address: str, port: int) -> FleetHost | None:
-        return next((h for h in self.hosts if (h.address, h.port) == (address, port)), None)
-
-
-def host_name(address: str, port: int) -> str:
-    """The inventory name of a host: its address (and port, when not 22)."""
-    return address if port == 22 else f"{address}_{port}"
 
 
 def validate_name(name: str) -> None:
@@ -159,12 +106,8 @@ def load(workspace: Workspace, name: str) -> Fleet:
                     preflight=Preflight.model_validate(preflight) if preflight else None,
                 )
             )
-    fleet.hosts.sort(key=lambda h: _sort_key(h.name))
+    fleet.hosts.sort(key=lambda h: natural_key(h.name))
     return fleet
-
-
-def _sort_key(name: str) -> tuple[Any, ...]:
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
 def _dump(path: Path, doc: dict[str, Any], header: str, *, untrusted: bool = False) -> None:

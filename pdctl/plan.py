@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
-from pdctl.inventory import Fleet, FleetHost
+from pdctl.fleet_model import Fleet, FleetHost, natural_key
 from pdctl.router_flags import kept_flags, launch_line
 from pdctl.spec import DEFAULT_PORT_STRIDE, Env, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
@@ -132,7 +131,7 @@ class Plan(BaseModel):
 
     def hosts(self) -> list[str]:
         names = {self.router.host, *(slot.host for slot in self.slots())}
-        return sorted(names, key=_natural)
+        return sorted(names, key=natural_key)
 
     def extravars(self) -> dict[str, Any]:
         """The plan as deploy.yml's extra-vars (``-e @plan.yml``): everything prefixed pd_."""
@@ -152,7 +151,7 @@ class Plan(BaseModel):
             "pd_service": self.service,
             "pd_fleet": self.fleet,
             "pd_plan_hosts": self.hosts(),
-            "pd_worker_hosts": sorted(host_slots, key=_natural),
+            "pd_worker_hosts": sorted(host_slots, key=natural_key),
             "pd_router_host": self.router.host,
             "pd_host_slots": host_slots,
             **{
@@ -253,10 +252,6 @@ def held_by(plan: Plan) -> list[Held]:
     return ports + gpus
 
 
-def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
 def router_args(spec: Spec) -> list[str]:
     """The router group's `smg launch` flags that pdctl keeps (policies, timeouts, ...)."""
     router = next((g for g in spec.replicas if g.role == "router"), None)
@@ -328,7 +323,7 @@ def unusable(host: FleetHost) -> str | None:
 
 def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
     hosts = []
-    for host in sorted(fleet.hosts, key=lambda h: _natural(h.name)):
+    for host in sorted(fleet.hosts, key=lambda h: natural_key(h.name)):
         reason = unusable(host)
         if reason is None:
             hosts.append(host)
@@ -515,7 +510,7 @@ def _free_position(spec: Spec, role: WorkerRole, nth: int, taken: list[tuple[int
 def _gpu_holders(held: Sequence[Held], candidates: dict[str, list[FleetHost]]) -> str:
     """Who holds GPUs on the hosts the groups could use: "gpu1: GPUs 0,1 (service a's
     prefill/1), ...; gpu2: ..." ("" when nobody does)."""
-    hosts = sorted({h.name for found in candidates.values() for h in found}, key=_natural)
+    hosts = sorted({h.name for found in candidates.values() for h in found}, key=natural_key)
     parts = []
     for host in hosts:
         owned = sorted((h for h in held if h.host == host and h.gpus), key=lambda h: h.gpus)
@@ -619,7 +614,7 @@ def _check_listeners(plan: Plan, held: Sequence[Held]) -> None:
     mine: dict[str, list[Listener]] = {}
     for listener in listeners(plan):
         mine.setdefault(listener.host, []).append(listener)
-    for host in sorted(mine, key=_natural):
+    for host in sorted(mine, key=natural_key):
         spans = sorted(mine[host], key=lambda x: (x.first, x.last, x.what))
         _check_own(host, spans)
         for listener in spans:

@@ -2,7 +2,8 @@
 
 Connections come from a connector (host, port) -> socket-like object, so the
 same client works over a plain TCP socket (tests on loopback) or through an
-SSH channel to the router host (its metrics listen on 127.0.0.1 only).
+SSH channel to the router host (its metrics listen on 127.0.0.1 only). SMG's worker API
+and metrics as this client reads them: docs/facts.md.
 """
 
 from __future__ import annotations

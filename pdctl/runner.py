@@ -81,10 +81,6 @@ class RunSummary:
     results: list[TaskResult] = field(default_factory=list)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def for_task(self, name: str) -> dict[str, TaskResult]:
-        """The last result of a task (by its name) per host."""
-        return {r.host: r for r in self.results if r.task == name}
-
     def unreachable(self) -> dict[str, str]:
         return {r.host: r.message for r in self.results if r.status == "unreachable"}
 

@@ -19,10 +19,10 @@ from typing import Literal
 
 from pdctl import inventory, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
-from pdctl.inventory import Fleet
+from pdctl.fleet_model import Fleet
 from pdctl.plan import Plan
 from pdctl.router import Router
-from pdctl.scaler.act import Actuator
+from pdctl.slots import Actuator
 from pdctl.workspace import Workspace, write_atomic
 
 ROUTER_ENV = "/etc/pdctl/{service}/router.env"

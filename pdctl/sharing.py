@@ -21,7 +21,7 @@ from typing import Any
 from pdctl import inventory, ssh, validate
 from pdctl import service as services
 from pdctl.errors import InputError, PdctlError
-from pdctl.inventory import Fleet
+from pdctl.fleet_model import Fleet
 from pdctl.plan import (
     ROUTER,
     ROUTER_METRICS,

@@ -10,7 +10,6 @@ PURE: no network, no disk beyond reading the file it is given.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -698,14 +697,3 @@ def load(path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]:
     except YamlError as exc:
         raise SpecError(path, exc.line, None, str(exc)) from exc
     return parse(text, path, environ)
-
-
-def command_flags(commands: list[str]) -> list[str]:
-    """The words of a group's commands (for reading flags like --tp)."""
-    words: list[str] = []
-    for command in commands:
-        try:
-            words += shlex.split(command.replace("\\\n", " "))
-        except ValueError:
-            words += command.split()
-    return words

@@ -11,14 +11,11 @@ size, and the secrets' values are masked.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pdctl.errors import HostError
-
-if TYPE_CHECKING:
-    from pdctl.runner import RunSummary
 
 JOURNAL_LINES = 15
 SHOWN_LINES = 5  # per unit, in the one-line-per-unit text form
@@ -115,7 +112,28 @@ def _hidden(secrets: Iterable[str]) -> list[str]:
     return sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)
 
 
-def from_run(summary: RunSummary, secrets: Iterable[str] = ()) -> list[Unhealthy]:
+class TaskResultView(Protocol):
+    """What this module reads of one task result (runner.TaskResult): the core does not
+    import the runner."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def ignored(self) -> bool: ...
+    @property
+    def res(self) -> dict[str, Any]: ...
+
+
+class RunView(Protocol):
+    """What this module reads of a run (runner.RunSummary)."""
+
+    @property
+    def results(self) -> Sequence[TaskResultView]: ...
+
+
+def from_run(summary: RunView, secrets: Iterable[str] = ()) -> list[Unhealthy]:
     """Every unit whose health wait failed in this run (one record per unit)."""
     hidden = _hidden(secrets)
     found: dict[tuple[str, str], Unhealthy] = {}

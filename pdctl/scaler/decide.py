@@ -11,13 +11,14 @@ Per group, in this order:
    Down: the HIGHEST recommendation within the stabilization window wins (HPA), then
    ``scale_down_delay``, then at most ``max_step_down`` at once.
 
-Deliberate differences from dstack's RPS autoscaler: each group has its own History, so
-scaling prefill never resets decode's timers (dstack shares one cooldown); a tolerance band,
-step limits and a scale-down stabilization window damp flapping; no data means hold, not
-"0 rps, scale to min"; an optional in-flight-requests signal (desired is the max over
-signals); and shorter default delays (0 s up, 60 s down rather than 5 and 10 min), which are
-safe because a replica that is still loading its model already counts in ``running`` (so a
-scale-up is not repeated while it loads) and the step limits and the window bound each move.
+Deliberate differences from dstack's RPS autoscaler (docs/facts.md, Autoscaling): each group
+has its own History, so scaling prefill never resets decode's timers (dstack shares one
+cooldown); a tolerance band, step limits and a scale-down stabilization window damp flapping;
+no data means hold, not "0 rps, scale to min"; an optional in-flight-requests signal (desired
+is the max over signals); and shorter default delays (0 s up, 60 s down rather than 5 and
+10 min), which are safe because a replica that is still loading its model already counts in
+``running`` (so a scale-up is not repeated while it loads) and the step limits and the window
+bound each move.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pdctl.errors import EnvironmentProblem, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan
 from pdctl.router import Router, Worker, requests_total
-from pdctl.scaler.act import Actuator, SlotState
 from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
 from pdctl.scaler.observe import CounterRate
+from pdctl.slots import Actuator, SlotState
 
 Log = Callable[[str], None]
 # A registered worker that stays unhealthy this long is replaced by another slot.

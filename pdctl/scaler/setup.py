@@ -22,8 +22,8 @@ from pdctl import ssh
 from pdctl.errors import InputError
 from pdctl.plan import plan_from_extravars
 from pdctl.router import Router, tcp_connector
-from pdctl.scaler.act import Actuator
 from pdctl.scaler.loop import Log, Scaler, Store
+from pdctl.slots import Actuator
 from pdctl.workspace import Workspace
 
 STATE_DIR = "/var/lib/pdctl/{service}"

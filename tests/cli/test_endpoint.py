@@ -13,7 +13,7 @@ import pytest
 
 from pdctl import inventory
 from pdctl import service as services
-from pdctl.inventory import Fleet
+from pdctl.fleet_model import Fleet
 from pdctl.plan import build
 from pdctl.workspace import Workspace
 from tests.support import pdctl

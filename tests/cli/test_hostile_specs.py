@@ -20,7 +20,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import is_trusted_as_template
 
 from pdctl import inventory
-from pdctl.inventory import Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.fleet_model import Fleet, FleetHost, FleetSettings, Preflight
 from pdctl.workspace import Workspace
 from tests.support import pdctl, private_tmp
 

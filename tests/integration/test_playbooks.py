@@ -404,7 +404,8 @@ def test_api_key_is_in_no_process_arguments(deployment: Deployment) -> None:
 
 
 def test_units_render_the_same_with_plain_jinja2(deployment: Deployment) -> None:
-    """pdctl's dry run renders templates/ with jinja2 alone: that must be what the roles wrote."""
+    """templates/ rendered with plain jinja2 is what the roles wrote (so the templates stay
+    plain Jinja2, and the unit tests' renderings are the real units)."""
     plan_vars = deployment.plan
     unit_dir = "/etc/systemd/system"
     prefill_node = deployment.nodes[deployment.slots("prefill")[0]["host"]]

@@ -18,7 +18,7 @@ from pdctl.deploy import make_plan, write_plan_file
 from pdctl.drift import Observed
 from pdctl.errors import CheckFailed
 from pdctl.plan import Plan, build
-from pdctl.scaler.act import SlotState
+from pdctl.slots import SlotState
 from pdctl.workspace import Workspace
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 

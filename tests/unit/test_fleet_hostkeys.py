@@ -15,7 +15,7 @@ from pdctl import fleet as fleets
 from pdctl import inventory, ssh
 from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError
-from pdctl.inventory import Fleet, FleetHost, FleetSettings
+from pdctl.fleet_model import Fleet, FleetHost, FleetSettings
 from pdctl.plan import Plan, build
 from pdctl.scaler import setup
 from pdctl.workspace import Workspace

@@ -1,6 +1,6 @@
 """pdctl/hardware.py: parsers on real tool output, facts and checks per fault, collect() for real.
 
-Literal samples come from REFERENCE.md and from public outputs (the issue each
+Literal samples come from docs/facts.md and from public outputs (the issue each
 one was posted in is named next to it). Issue trackers often turn tabs into
 spaces; such samples are kept as posted, since operators paste them too.
 """
@@ -47,7 +47,7 @@ HOST = "node2"
 
 # --------------------------------------------------------------------------- literal samples
 
-# REFERENCE.md, "ibverbs output"
+# docs/facts.md, "ibverbs output"
 REF_IBV_DEVICES = (
     "    device          \t   node GUID\n"
     "    ------          \t----------------\n"
@@ -69,7 +69,7 @@ REF_IBV_DEVINFO = (
     "\n"
 )
 REF_GID3 = "\t\t\tGID[  3]:\t\t::ffff:192.170.1.101, RoCE v2\n"
-# REFERENCE.md / pdfake.py: libibverbs without the provider library
+# docs/facts.md (ROCm containers) / pdfake.py: libibverbs without the provider library
 REF_PROVIDER_WARNING = (
     "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so': "
     "libbnxt_re-rdmav34.so: cannot open shared object file: No such file or directory"

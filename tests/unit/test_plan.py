@@ -11,7 +11,7 @@ import pytest
 from pdctl import drift
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
-from pdctl.inventory import Fleet, FleetHost, Preflight
+from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import (
     CONTAINER_PROVIDER_LIB,
     SCALER_METRICS_PORT,

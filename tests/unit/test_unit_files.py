@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdctl.errors import PdctlError
-from pdctl.inventory import Fleet, FleetHost, Preflight
+from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build
 from pdctl.spec import parse
 

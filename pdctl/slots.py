@@ -1,8 +1,10 @@
-"""Acting on a deployed service's slots: start, wait healthy, register; deregister, drain, stop.
+"""A deployed service's slot control: read the slots' states; start, wait healthy, register;
+deregister, drain, stop.
 
-Used by the scaler and by deploy's rolling update. Every host action is one
-command of ``pdctl-unitctl`` (installed by the pd_worker role) over a pooled SSH
-connection; every router action is router.py.
+The service's, not the scaler's: deploy (its rolling update), status, drift and the scaler
+all act on slots through it. Every host action is one command of ``pdctl-unitctl``
+(installed by the pd_worker role) over a pooled SSH connection; every router action is
+router.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""What a fleet is, as data: its settings, its hosts and their last preflight. PURE.
+
+The plan and the other pure modules work on these; pdctl/inventory.py reads and writes
+them as an Ansible inventory, and the connections to the hosts live elsewhere (ssh.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, Field
+
+from pdctl import validate
+
+HostKind = Literal["gpu", "cpu", "new"]
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key putting node2 before node10 (host and slot names)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+def host_name(address: str, port: int) -> str:
+    """The inventory name of a host: its address (and port, when not 22)."""
+    return address if port == 22 else f"{address}_{port}"
+
+
+class FleetSettings(BaseModel):
+    """Fleet-wide settings: how to connect, and what every GPU host must have."""
+
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    become: bool = True
+    expect_gpus: int = 8
+    expect_nics: int = 8
+    gpu_model: str | None = "MI300X"
+    provider_lib: str = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
+    gid_index: int = 3
+    min_disk_gb: float = 50.0
+    # Wheels on the hosts for SMG and the scaler when they have no internet; a spec's
+    # pdctl.wheelhouse wins.
+    wheelhouse: Annotated[str, AfterValidator(validate.host_path)] | None = None
+
+
+class Preflight(BaseModel):
+    ok: bool
+    checked_at: str
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class FleetHost(BaseModel):
+    name: str
+    address: str
+    port: int = 22
+    user: str
+    kind: HostKind = "new"
+    facts: dict[str, Any] | None = None
+    preflight: Preflight | None = None
+
+
+class Fleet(BaseModel):
+    name: str
+    settings: FleetSettings = Field(default_factory=FleetSettings)
+    hosts: list[FleetHost] = Field(default_factory=list)
+
+    def host(self, name: str) -> FleetHost | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+    def by_endpoint(self, address: str, port: int) -> FleetHost | None:
+        return next((h for h in self.hosts if (h.address, h.port) == (address, port)), None)
