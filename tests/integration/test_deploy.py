@@ -237,8 +237,11 @@ def test_a_rotated_secret_reaches_the_hosts_and_rolls_the_replicas(svc: Service)
         back = svc.json("deploy", str(svc.spec), "--fleet", "lab", "-y")
         client.done.set()
         client.join(30)
+    # Back to the first token. Which slots roll depends on where the replicas run by then (the
+    # deploy starts the planned slots again, and the pinned scaler may stop the extra one):
+    # what counts is that every running replica has the token, with no failed request.
     assert back["converged"] is True and on_host(svc.token) == "1"
-    assert set(back["rolled"]) == {"prefill/2", "decode/2"} and in_containers(svc.token)
+    assert in_containers(svc.token), back
     assert client.failed == [] and client.ok > 20, (client.why, svc.router_log())
     release(svc)
 

@@ -264,16 +264,21 @@ def _leftovers(home: Path) -> dict[str, list[str]]:
 
 def test_down_removes_everything_and_twice_is_fine(tmp_path: Path) -> None:
     require_lab()
-    before = _leftovers(tmp_path)
     lab = start_lab(tmp_path, hosts=2, cpu_hosts=0)
-    during = _leftovers(tmp_path)
-    assert len(during["netns"]) == len(before["netns"]) + 2
-    assert len(during["mounts"]) == 2
+    # Other labs (tests side by side) come and go meanwhile: look at this lab's own names.
+    lab_id = lab.status()["hosts"][0]["address"].split(".")[2]
+    mine = (f"pdl{lab_id}-", f"pl{lab_id}h", f"pdlab{lab_id}:", f"pdctl-lab{lab_id}")
+
+    def own(found: dict[str, list[str]]) -> dict[str, list[str]]:
+        return {
+            kind: [x for x in items if any(m in x for m in mine)] for kind, items in found.items()
+        }
+
+    during = own(_leftovers(tmp_path))
+    assert len(during["netns"]) == 2 and len(during["mounts"]) == 2 and during["links"]
     pdctl(lab.home, "lab", "down")
-    after = _leftovers(tmp_path)
-    assert after["mounts"] == []
-    assert after["netns"] == before["netns"] and after["links"] == before["links"]
-    assert after["cgroups"] == before["cgroups"]
+    after = own(_leftovers(tmp_path))
+    assert after == {"netns": [], "links": [], "mounts": [], "cgroups": []}
     assert not (tmp_path / ".pdctl" / "lab").exists()
     assert "removed 0 host" in pdctl(lab.home, "lab", "down").stdout
 
