@@ -85,6 +85,7 @@ def test_faulty_hosts_are_named_with_their_findings(lab5: Lab) -> None:
             "provider_lib",
             "roce_gid",
             "runtime",
+            "memlock",
             "disk",
             "mesh",
         }

@@ -14,6 +14,7 @@ module: pd_preflight_probe
 short_description: Check a GPU host for Prefill/Decode inference (read-only)
 description:
   - Runs ibv_devices, ibv_devinfo, amd-smi (or rocm-smi), the container runtime's info,
+    tries in a throwaway child what the OCI runtime does for `--ulimit memlock=-1:-1`,
     and TCP connects to peers; returns one result per check with a message that names
     the finding and the fix. Never changes the host and never fails by itself.
 options:
