@@ -185,9 +185,7 @@ class Layout:
                 group: {
                     "env": self.group_env(group),
                     "script": self.group_script(group),
-                    # Unit-file forms: %i is the slot index.
-                    "slot_env": self.slot_env(group, "%i"),
-                    "container": container(svc, group, "%i"),
+                    "container": container(svc, group, "%i"),  # %i: the slot index
                     "unit": worker_unit(svc, group),
                     "instances": slot_unit(svc, group, "*"),
                 }

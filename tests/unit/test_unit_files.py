@@ -44,7 +44,7 @@ def _role_template(name: str) -> str:
     tasks = yaml.safe_load((ROOT / "roles/pd_worker/tasks/configure.yml").read_text())
     for task in tasks:
         for entry in (task.get("vars") or {}).get("_service", []):
-            if f"pd_layout.{name} " in entry["name"]:
+            if name in entry["path"]:
                 return str(entry["content"])
     raise AssertionError(f"no {name} in configure.yml")
 
