@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from pdctl import drift, inventory, runner, sharing, unhealthy
+from pdctl import drift, inventory, layout, runner, sharing, unhealthy
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
@@ -117,7 +117,7 @@ def plan_table(plan: Plan) -> list[tuple[str, ...]]:
             "-",
             f"{plan.router.port}",
             "-",
-            f"pd-{plan.service}-router.service",
+            layout.router_unit(plan.service),
             "start",
         )
     ]
@@ -382,7 +382,7 @@ def _roll(
 
 def _scaler_unit(handle: services.Handle, verb: str) -> bool:
     """Start or stop the service's scaler unit; False when there is none."""
-    unit = f"pd-{handle.plan.service}-scaler.service"
+    unit = layout.scaler_unit(handle.plan.service)
     target = handle.targets[handle.plan.router.host]
     if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
         return False
@@ -441,7 +441,7 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
             "address": plan.router.address,
             "port": plan.router.port,
             "state": router_state,
-            "unit": f"pd-{plan.service}-router.service",
+            "unit": layout.router_unit(plan.service),
         }
     }
     for role in WORKER_ROLES:

@@ -29,18 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdctl import layout, ssh
 from pdctl import service as services
-from pdctl import ssh
 from pdctl.content import content_root
 from pdctl.errors import InputError, PdctlError
+from pdctl.layout import UNITCTL
 from pdctl.plan import Plan, Slot
-from pdctl.slots import UNITCTL, SlotState, parse_states
+from pdctl.slots import SlotState, parse_states
 from pdctl.workspace import Workspace, write_atomic
 from pdctl.yamlsrc import YamlError, load_mapping_file
 
 RECORD = "converged.json"
 KEY = "converged.key"
-SCALER_HOME = "/var/lib/pdctl-scaler"  # pd_scaler_user's home (roles/pd_scaler)
 _CHECK_RECORDS = ("pd_facts", "pd_preflight")
 _CONTENT = ("ansible.cfg", "playbooks", "roles", "templates")
 _PROBE_SOURCE = (Path(__file__).with_name("drift_probe.py")).read_text()
@@ -56,30 +56,33 @@ class HostExpectation:
     slots: tuple[Slot, ...]
 
 
+def _unit_files(unit: str) -> list[str]:
+    """A unit's file and its drop-in directory."""
+    return [layout.unit_file(unit), f"{layout.unit_file(unit)}.d"]
+
+
 def expectations(plan: Plan) -> dict[str, HostExpectation]:
     """Per host of the plan, the paths and units its roles manage for the service."""
-    svc = plan.service
+    svc, where = plan.service, plan.layout
     found: dict[str, HostExpectation] = {}
     for host in plan.hosts():
         slots = [s for s in plan.slots() if s.host == host]
-        roots: list[str] = [f"/etc/pdctl/{svc}"]
+        roots: list[str] = [where.config_dir]
         units: list[str] = [s.unit(svc) for s in slots if s.start]
         images: set[str] = set()
         if slots:
-            roots += [UNITCTL, f"/etc/sudoers.d/pdctl-scaler-{svc}", f"{SCALER_HOME}/.ssh"]
+            roots += [UNITCTL, where.scaler_sudoers, f"{layout.SCALER_USER_HOME}/.ssh"]
             for group in sorted({s.group for s in slots}):
-                unit_file = f"/etc/systemd/system/pd-{svc}-{group}@.service"
-                roots += [unit_file, f"{unit_file}.d"]
+                roots += _unit_files(layout.worker_unit(svc, group))
                 images.add(plan.groups[group].image)
         if host == plan.router.host:
             roots += [
-                f"/opt/pdctl/{svc}",
-                "/opt/pdctl/scaler",
-                f"/opt/pdctl/smg-{plan.router.smg_version}",
+                where.router_home,
+                where.scaler_home,
+                layout.smg_venv(plan.router.smg_version, plan.roots),
             ]
-            for name in ("router", "scaler"):
-                unit = f"pd-{svc}-{name}.service"
-                roots += [f"/etc/systemd/system/{unit}", f"/etc/systemd/system/{unit}.d"]
+            for unit in (layout.router_unit(svc), layout.scaler_unit(svc)):
+                roots += _unit_files(unit)
                 units.append(unit)
         found[host] = HostExpectation(
             roots=tuple(roots),

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdctl import hardware, inventory, runner, ssh, validate
+from pdctl import hardware, inventory, layout, runner, ssh, validate
 from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
 from pdctl.fleet_model import (
@@ -56,7 +56,7 @@ def _facts_command(fleet: Fleet, peers: list[tuple[str, int]]) -> str:
     payload = json.dumps(
         {
             "provider_lib": fleet.settings.provider_lib,
-            "storage_paths": ["/var/lib/containers", "/var/lib/docker", "/var/lib"],
+            "storage_paths": list(layout.STORAGE_PATHS),
             "peers": peers,
         }
     )

@@ -71,7 +71,9 @@ __all__ = [
 SCHEMA = 1
 INPUT_ENV = "PD_HARDWARE_INPUT"
 DEFAULT_PROVIDER_LIB = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
-DEFAULT_STORAGE_PATHS = ("/var/lib/containers", "/var/lib/docker", "/")
+# pdctl/layout.py's STORAGE_PATHS: this file runs on hosts without pdctl, so it keeps a copy,
+# which tests/unit/test_layout.py holds equal.
+DEFAULT_STORAGE_PATHS = ("/var/lib/containers", "/var/lib/docker", "/var/lib")
 # Where distributions put libibverbs providers (RHEL-style, Debian multiarch, local builds).
 PROVIDER_DIRS = (
     "/usr/lib64/libibverbs",

@@ -1,32 +1,37 @@
 """Runs ON a host (standard library only; pdctl sends this source on stdin): the GPUs and
 ports that pdctl services hold there, for the placement of another one (pdctl/sharing.py).
 
-For each service directory /etc/pdctl/<service>/ it reads:
+pdctl appends one line, ``main(<JSON text>)``, with where things are (pdctl/layout.py):
+  config_root   holds a directory per service
+  unit_dir      holds the router units
+  router_units  the router units' glob, one '*' standing for the service
+
+For each service directory <config_root>/<service>/ it reads:
   <group>-<k>.env  only the PDCTL_GPU_IDS, PDCTL_PORT and PDCTL_BOOTSTRAP_PORT lines (the
                    directory also holds secrets: nothing else of any file leaves the host)
   scaler.json      the scaler's metrics port
-and of each router unit /etc/systemd/system/pd-<service>-router.service the words after
---port and --prometheus-port. It prints one JSON document with the values as found (the
-controller checks every one of them) and changes nothing.
+and of each router unit the words after --port and --prometheus-port. It prints one JSON
+document with the values as found (the controller checks every one of them) and changes
+nothing.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 SLOT_KEYS = ("PDCTL_GPU_IDS", "PDCTL_PORT", "PDCTL_BOOTSTRAP_PORT")
 SLOT_FILE = re.compile(r"^(?:prefill|decode)-[0-9]+\.env\Z")
-ROUTER_UNIT = re.compile(r"^pd-(.+)-router\.service\Z")
 ROUTER_FLAGS = ("--port", "--prometheus-port")
 
 
-def slots(root: Path) -> list[list[Any]]:
+def slots(config_root: Path) -> list[list[Any]]:
     """[service, file stem, {key: value}] per slot env file."""
     found: list[list[Any]] = []
-    for path in sorted((root / "etc/pdctl").glob("*/*.env")):
+    for path in sorted(config_root.glob("*/*.env")):
         if not SLOT_FILE.match(path.name):
             continue
         values = {}
@@ -41,11 +46,13 @@ def slots(root: Path) -> list[list[Any]]:
     return found
 
 
-def listeners(root: Path) -> list[list[str]]:
+def listeners(config_root: Path, unit_dir: Path, router_units: str) -> list[list[str]]:
     """[service, flag or "scaler", value] per router flag and scaler metrics port."""
     found: list[list[str]] = []
-    for path in sorted((root / "etc/systemd/system").glob("pd-*-router.service")):
-        match = ROUTER_UNIT.match(path.name)
+    head, _, tail = router_units.partition("*")
+    router_unit = re.compile(f"^{re.escape(head)}(.+){re.escape(tail)}\\Z")
+    for path in sorted(unit_dir.glob(router_units)):
+        match = router_unit.match(path.name)
         try:
             words = path.read_text(errors="replace").split()
         except OSError:
@@ -53,7 +60,7 @@ def listeners(root: Path) -> list[list[str]]:
         for flag in ROUTER_FLAGS:
             if match and flag in words[:-1]:
                 found.append([match[1], flag, words[words.index(flag) + 1]])
-    for path in sorted((root / "etc/pdctl").glob("*/scaler.json")):
+    for path in sorted(config_root.glob("*/scaler.json")):
         try:
             metrics = json.loads(path.read_text()).get("metrics") or {}
             found.append([path.parent.name, "scaler", str(metrics.get("port"))])
@@ -62,9 +69,15 @@ def listeners(root: Path) -> list[list[str]]:
     return found
 
 
-def report(root: Path) -> dict[str, Any]:
-    return {"slots": slots(root), "listeners": listeners(root)}
+def report(root: Path, where: Mapping[str, str]) -> dict[str, Any]:
+    """What the services under ``root`` (``/`` on a host) hold; ``where`` as main's."""
+    config_root = root / where["config_root"].lstrip("/")
+    unit_dir = root / where["unit_dir"].lstrip("/")
+    return {
+        "slots": slots(config_root),
+        "listeners": listeners(config_root, unit_dir, where["router_units"]),
+    }
 
 
-if __name__ == "__main__":
-    print(json.dumps(report(Path("/"))))
+def main(params: str) -> None:
+    print(json.dumps(report(Path("/"), json.loads(params))))

@@ -18,11 +18,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pdctl import layout
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.fleet_model import Fleet, FleetHost, natural_key
+from pdctl.layout import Layout, Roots
 from pdctl.router_flags import kept_flags, launch_line
-from pdctl.spec import DEFAULT_PORT_STRIDE, Env, ReplicaGroup, Spec
+from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Probe, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
@@ -54,7 +56,7 @@ class Slot(BaseModel):
         return f"{self.group}/{self.index}"
 
     def unit(self, service: str) -> str:
-        return f"pd-{service}-{self.group}@{self.index}.service"
+        return layout.slot_unit(service, self.group, self.index)
 
     @property
     def url(self) -> str:
@@ -125,6 +127,12 @@ class Plan(BaseModel):
     port_stride: int = DEFAULT_PORT_STRIDE
     scaler_metrics_port: int = SCALER_METRICS_PORT
     excluded_hosts: dict[str, str] = Field(default_factory=dict)
+    # Where the service lives on its hosts (pd_layout of the extra-vars).
+    roots: Roots = Field(default_factory=Roots)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.service, self.roots)
 
     def slots(self) -> list[Slot]:
         return [slot for role in WORKER_ROLES for slot in self.groups[role].slots]
@@ -145,6 +153,7 @@ class Plan(BaseModel):
                 "unit": slot.unit(self.service),
                 "url": slot.url,
                 "env": slot.env(),
+                "env_file": self.layout.slot_env(slot.group, slot.index),
             }
             host_slots.setdefault(slot.host, []).append(entry)
         return {
@@ -154,10 +163,11 @@ class Plan(BaseModel):
             "pd_worker_hosts": sorted(host_slots, key=natural_key),
             "pd_router_host": self.router.host,
             "pd_host_slots": host_slots,
+            "pd_layout": self.layout.extravar(WORKER_ROLES),
             **{
                 f"pd_{key}": value
                 for key, value in doc.items()
-                if key not in {"service", "fleet", "excluded_hosts"}
+                if key not in {"service", "fleet", "excluded_hosts", "roots"}
             },
         }
 
@@ -165,11 +175,13 @@ class Plan(BaseModel):
 def plan_from_extravars(doc: dict[str, Any]) -> Plan:
     """The inverse of Plan.extravars(): a plan.yml (or the scaler's config) back into a Plan."""
     fields = {key[3:]: value for key, value in doc.items() if key.startswith("pd_")}
+    if "layout" in fields:  # its roots; the rest of it derives from them
+        fields["roots"] = {k: v for k, v in fields.pop("layout").items() if k in Roots.model_fields}
     slots: dict[str, list[dict[str, Any]]] = {role: [] for role in WORKER_ROLES}
     for entries in (fields.pop("host_slots", None) or {}).values():
         for entry in entries:
             slots[entry["group"]].append(
-                {k: v for k, v in entry.items() if k not in {"unit", "env", "url"}}
+                {k: v for k, v in entry.items() if k not in {"unit", "env", "url", "env_file"}}
             )
     groups = fields.get("groups") or {}
     for role in WORKER_ROLES:
@@ -550,7 +562,7 @@ def _plan(
     secrets_digest: str,
 ) -> Plan:
     settings = spec.pdctl
-    probe = spec.probes[0] if spec.probes else None
+    probe = spec.probes[0] if spec.probes else Probe()
     return Plan(
         service=spec.name,
         fleet=fleet.name,
@@ -564,11 +576,7 @@ def _plan(
         memlock=settings.memlock,
         start_timeout=int(settings.start_timeout),
         stop_timeout=int(settings.stop_timeout),
-        probe={
-            "url": probe.url if probe else "/health",
-            "interval": int(probe.interval) if probe else 15,
-            "timeout": int(probe.timeout) if probe else 10,
-        },
+        probe={"url": probe.url, "interval": int(probe.interval), "timeout": int(probe.timeout)},
         model=spec.model_name,
         router=RouterPlan(
             host=router_host.name,

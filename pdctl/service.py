@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pdctl import inventory, ssh, validate
+from pdctl import inventory, layout, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
 from pdctl.fleet_model import Fleet
 from pdctl.plan import Plan
@@ -25,7 +25,6 @@ from pdctl.router import Router
 from pdctl.slots import Actuator
 from pdctl.workspace import Workspace, write_atomic
 
-ROUTER_ENV = "/etc/pdctl/{service}/router.env"
 PLAN = "plan.json"  # the last deploy that completed
 APPLYING = "applying.json"  # a deploy that started and has not completed
 LOCK = "deploy.lock"
@@ -161,8 +160,11 @@ class Handle:
     router_problem: str | None = None  # why the router's API key could not be read
 
 
-def _api_key(pool: ssh.Pool, target: ssh.Target, service: str) -> str:
-    path = ROUTER_ENV.format(service=service)
+def _router_env(plan: Plan) -> str:
+    return plan.layout.config_file(layout.ROUTER_ENV)
+
+
+def _api_key(pool: ssh.Pool, target: ssh.Target, path: str) -> str:
     result = pool.run(target, f"sudo -n cat {path}")
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
@@ -181,7 +183,7 @@ def endpoint(plan: Plan) -> str:
 
 def api_key_file(plan: Plan) -> str:
     """Where the router's API key lives, as ``host:path``."""
-    return f"{plan.router.host}:{ROUTER_ENV.format(service=plan.service)}"
+    return f"{plan.router.host}:{_router_env(plan)}"
 
 
 def _pool(workspace: Workspace, plan: Plan) -> ssh.Pool:
@@ -201,7 +203,7 @@ def router_api_key(workspace: Workspace, plan: Plan) -> str:
     target = _target(fleet, plan, plan.router.host)
     pool = _pool(workspace, plan)
     try:
-        return _api_key(pool, target, plan.service)
+        return _api_key(pool, target, _router_env(plan))
     finally:
         pool.close()
 
@@ -220,7 +222,7 @@ def open_handle(
         router_target = targets[plan.router.host]
         key, problem = None, None
         try:
-            key = _api_key(pool, router_target, plan.service)
+            key = _api_key(pool, router_target, _router_env(plan))
         except HostError as exc:
             if need_key:
                 raise

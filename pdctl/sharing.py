@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdctl import inventory, ssh, validate
+from pdctl import inventory, layout, ssh, validate
 from pdctl import service as services
 from pdctl.errors import InputError, PdctlError
 from pdctl.fleet_model import Fleet
@@ -35,6 +35,12 @@ from pdctl.spec import MIN_PORT_STRIDE
 from pdctl.workspace import Workspace
 
 _PROBE_SOURCE = Path(__file__).with_name("holdings_probe.py").read_text()
+# Where holdings_probe.py looks: the default roots (a host holds one config root).
+PROBE_WHERE = {
+    "config_root": layout.CONFIG_ROOT,
+    "unit_dir": layout.UNIT_DIR,
+    "router_units": layout.router_unit("*"),
+}
 _SLOT = re.compile(r"(prefill|decode)-([1-9][0-9]{0,3})")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
 _GPU_IDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{1,3}){0,63}")
@@ -73,7 +79,7 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
         target = inventory.target(fleet, hosts[name])
         try:  # a host without a pinned key is refused before contact
             text = ssh.run_python(
-                pool, target, _PROBE_SOURCE, become=fleet.settings.become, timeout=30
+                pool, target, _probe_source(), become=fleet.settings.become, timeout=30
             )
         except (PdctlError, OSError) as exc:
             return str(exc)
@@ -90,6 +96,11 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
         else:
             found.held += result
     return found
+
+
+def _probe_source() -> str:
+    # The parameters travel with the source on stdin, as drift_probe's do.
+    return f"{_PROBE_SOURCE}\nmain({json.dumps(PROBE_WHERE)!r})\n"
 
 
 def parse_report(host: str, text: str) -> list[Held]:

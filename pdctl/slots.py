@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from pdctl import ssh
 from pdctl.errors import HostError
+from pdctl.layout import UNITCTL
 from pdctl.plan import Plan, Slot
 from pdctl.router import Connector, Router, request
 from pdctl.unhealthy import Unhealthy, UnhealthyUnits, from_unitctl
 
-UNITCTL = "/usr/local/libexec/pdctl-unitctl"
 HEALTH_POLL = 0.2  # seconds between probes of a starting slot
 UNIT_CHECK = 2.0  # seconds between looks at a starting slot's unit (has systemd given up?)
 

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdctl import validate
+from pdctl import layout, validate
 from pdctl.commands import CommandError, worker_script
 from pdctl.errors import InputError
 from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
@@ -227,10 +227,10 @@ class Router(Strict):
 
 class Probe(Strict):
     type: Literal["http"] = "http"
-    url: Annotated[str, AfterValidator(validate.url_path)] = "/health"
+    url: Annotated[str, AfterValidator(validate.url_path)] = layout.PROBE_URL
     method: Literal["get", "post", "GET", "POST"] = "get"
-    interval: Annotated[Duration, Field(ge=1)] = 15.0
-    timeout: Duration = 10.0
+    interval: Annotated[Duration, Field(ge=1)] = float(layout.PROBE_INTERVAL)
+    timeout: Duration = float(layout.PROBE_TIMEOUT)
     ready_after: int = Field(1, ge=1, le=100)
     headers: list[dict[str, str]] = Field(default_factory=list)
     body: str | None = None
@@ -340,8 +340,8 @@ class PdctlSettings(Strict):
         "unlimited",
         description="RDMA needs unlimited locked memory; 'inherit' where rlimits cannot be raised.",
     )
-    start_timeout: Duration = 1800.0
-    stop_timeout: Duration = 600.0
+    start_timeout: Duration = float(layout.START_TIMEOUT)
+    stop_timeout: Duration = float(layout.STOP_TIMEOUT)
     router: PdctlRouter = Field(default_factory=PdctlRouter)
     ports: PdctlPorts = Field(default_factory=PdctlPorts)
     wheelhouse: HostPath | None = Field(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 # dstack's own rule for run and replica group names; pdctl also spells unit names and
-# host paths (/etc/pdctl/<service>) with them.
+# host paths (pdctl/layout.py) with them.
 SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 SERVICE_NAME_RULE = "a lower-case letter, then up to 39 lower-case letters, digits or '-'"
 # A fleet is a directory of the workspace (inventories/<fleet>) and an Ansible inventory.

@@ -11,8 +11,11 @@
 # As an SSH forced command (`command="pdctl-unitctl --ssh SERVICE"` in the scaler user's
 # authorized_keys) it takes the requested words from SSH_ORIGINAL_COMMAND, checks them, and
 # runs itself through sudo, which allows exactly this script for this service.
+#
+# A Jinja2 template: the pd_worker role renders it with the plan's layout (pdctl/layout.py),
+# unitctl (where it is installed) and config_root (the services' config directories).
 set -eu
-self=/usr/local/libexec/pdctl-unitctl
+self={{ unitctl }}
 if [ "${1:-}" = "--ssh" ]; then
     [ "$#" -eq 2 ] || { echo "usage: pdctl-unitctl --ssh SERVICE" >&2; exit 2; }
     allowed=$2
@@ -45,11 +48,11 @@ runtime() {
 case "$verb" in
     states)
         rt=$(runtime)
-        for env in /etc/pdctl/"$service"/prefill-*.env /etc/pdctl/"$service"/decode-*.env; do
+        for env in {{ config_root }}/"$service"/prefill-*.env {{ config_root }}/"$service"/decode-*.env; do
             [ -e "$env" ] || continue
             base=${env##*/}; base=${base%.env}; group=${base%-*}; k=${base##*-}
             state=$(systemctl show -p ActiveState --value "pd-$service-$group@$k.service")
-            config=$("$rt" inspect --format '{{ index .Config.Labels "pdctl.config" }}' \
+            config=$("$rt" inspect --format '{% raw %}{{ index .Config.Labels "pdctl.config" }}{% endraw %}' \
                 "pd-$service-$group-$k" 2>/dev/null || echo -)
             echo "$group $k $state ${config:--}"
         done

@@ -6,7 +6,7 @@ in ``PDCTL_ROUTER_API_KEY`` (from the root-only EnvironmentFile router.env): the
 removes the key from its environment and hands it to SMG's own argument parser
 in-process. /proc/PID/cmdline keeps showing only the arguments systemd passed.
 
-Installed by the pd_router role as /opt/pdctl/<service>/router_launch.py; runs on the
+Installed by the pd_router role as pd_layout.router_launcher; runs on the
 venv's python (3.9+), standard library and ``smg`` only.
 """
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from pdctl.cli.app import App, pass_app
+from pdctl.layout import Layout
 from pdctl.scaler import control
 from pdctl.scaler.loop import serve_metrics, service_lock, stop_on_signals
-from pdctl.scaler.setup import CONFIG, from_workspace, on_host
+from pdctl.scaler.setup import default_config, from_workspace, on_host
 
 
 @click.group()
@@ -30,7 +31,7 @@ def _log(line: str) -> None:
 @click.option(
     "--config",
     type=click.Path(dir_okay=False, path_type=Path),
-    help=f"Config written by deploy on the router host [default: {CONFIG.format(service='SVC')} "
+    help=f"Config written by deploy on the router host [default: {default_config('SVC')} "
     "if present, else this workspace's plan].",
 )
 @click.option(
@@ -44,9 +45,9 @@ def run(
     app: App, service: str, config: Path | None, interval: float, metrics_port: int | None
 ) -> None:
     """Run the scaler in the foreground (SIGTERM: finish the action in hand, then exit)."""
-    config = config or Path(CONFIG.format(service=service))
+    config = config or default_config(service)
     if config.is_file():
-        lock = Path(f"/run/pdctl/{service}-scaler.lock")
+        lock = Path(Layout(service).scaler_lock)
         with service_lock(lock), on_host(config, _log) as (daemon, settings):
             port = metrics_port or settings.get("metrics", {}).get("port")
             if port:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pdctl import layout
 from pdctl import service as services
 from pdctl.errors import EnvironmentProblem, InputError
 from pdctl.scaler.loop import Store
@@ -37,7 +38,7 @@ def refuse_if_daemon_runs(workspace: Workspace, name: str) -> None:
     with services.open_handle(workspace, plan) as handle:
         if alive(recorded(handle_store(handle))):
             raise EnvironmentProblem(
-                f"a scaler for {name} already runs (pd-{name}-scaler.service on "
+                f"a scaler for {name} already runs ({layout.scaler_unit(name)} on "
                 f"{plan.router.host})",
                 hint="one scaler per service: steer it with `pdctl scale`, or stop that unit",
             )

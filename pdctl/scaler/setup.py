@@ -17,17 +17,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pdctl import layout, ssh
 from pdctl import service as services
-from pdctl import ssh
 from pdctl.errors import InputError
+from pdctl.layout import Layout
 from pdctl.plan import plan_from_extravars
 from pdctl.router import Router, tcp_connector
 from pdctl.scaler.loop import Log, Scaler, Store
 from pdctl.slots import Actuator
 from pdctl.workspace import Workspace
 
-STATE_DIR = "/var/lib/pdctl/{service}"
-CONFIG = "/etc/pdctl/{service}/scaler.json"
+
+def default_config(service: str) -> Path:
+    """Where the pd_scaler role writes the scaler's config, under the default roots."""
+    return Path(Layout(service).config_file(layout.SCALER_CONFIG))
 
 
 def _read_key(path: Path) -> str:
@@ -121,6 +124,4 @@ def from_workspace(
 def handle_store(handle: services.Handle) -> Store:
     """The scaler's state and pins on the router host, seen from the control node."""
     plan = handle.plan
-    return remote_store(
-        handle.pool, handle.targets[plan.router.host], STATE_DIR.format(service=plan.service)
-    )
+    return remote_store(handle.pool, handle.targets[plan.router.host], plan.layout.state_dir)

@@ -407,6 +407,7 @@ def test_units_render_the_same_with_plain_jinja2(deployment: Deployment) -> None
     """templates/ rendered with plain jinja2 is what the roles wrote (so the templates stay
     plain Jinja2, and the unit tests' renderings are the real units)."""
     plan_vars = deployment.plan
+    where = plan_vars["pd_layout"]
     unit_dir = "/etc/systemd/system"
     prefill_node = deployment.nodes[deployment.slots("prefill")[0]["host"]]
     worker_unit = deployment.root(prefill_node, f"cat {unit_dir}/pd-{SERVICE}-prefill@.service")
@@ -428,9 +429,15 @@ def test_units_render_the_same_with_plain_jinja2(deployment: Deployment) -> None
             privileged=plan_vars["pd_privileged"],
             start_timeout=plan_vars["pd_start_timeout"],
             stop_timeout=plan_vars["pd_stop_timeout"],
+            config_dir=where["config_dir"],
+            container=where["groups"]["prefill"]["container"],
         )
         router = env.get_template("router.service.j2").render(
-            service=SERVICE, router=plan_vars["pd_router"]
+            service=SERVICE,
+            router=plan_vars["pd_router"],
+            python=f"{where['smg_venv_prefix']}{plan_vars['pd_router']['smg_version']}/bin/python",
+            launcher=where["router_launcher"],
+            config_dir=where["config_dir"],
         )
         assert worker == worker_unit
         assert router == router_unit

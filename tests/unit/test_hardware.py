@@ -1705,7 +1705,7 @@ def test_python_c_does_not_wait_on_an_open_stdin(tmp_path: Path) -> None:
         out = proc.stdout.read() if proc.stdout else ""
     assert rc == 0
     raw = json.loads(out)
-    assert raw["storage"]["candidates"] == ["/var/lib/containers", "/var/lib/docker", "/"]
+    assert raw["storage"]["candidates"] == list(hw.DEFAULT_STORAGE_PATHS)
     assert raw["provider_lib"]["path"] == hw.DEFAULT_PROVIDER_LIB
 
 

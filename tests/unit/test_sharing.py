@@ -41,7 +41,7 @@ def test_the_probe_reports_slots_and_listeners_and_no_secret(tmp_path: Path) -> 
     write(tmp_path / "etc/pdctl/a/router.env", "PDCTL_ROUTER_API_KEY=key_secret\n")
     write(tmp_path / "etc/pdctl/a/scaler.json", json.dumps({"metrics": {"port": 29100}}))
     write(tmp_path / "etc/systemd/system/pd-a-router.service", ROUTER_UNIT)
-    text = json.dumps(report(tmp_path))
+    text = json.dumps(report(tmp_path, sharing.PROBE_WHERE))
     assert "secret" not in text
     assert set(sharing.parse_report("h1", text)) == {
         Held("a", "h1", "prefill/1", gpus=(0, 1, 2, 3)),

@@ -21,6 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pdctl import layout
 from pdctl.errors import PdctlError
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build
@@ -38,16 +39,17 @@ ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def _role_template(name: str) -> str:
-    """The content template of one file the pd_worker role writes (configure.yml)."""
+    """The content template of one file the pd_worker role writes (configure.yml), named by
+    its pd_layout key."""
     tasks = yaml.safe_load((ROOT / "roles/pd_worker/tasks/configure.yml").read_text())
     for task in tasks:
         for entry in (task.get("vars") or {}).get("_service", []):
-            if entry["name"] == name:
+            if name in entry["path"]:
                 return str(entry["content"])
     raise AssertionError(f"no {name} in configure.yml")
 
 
-SERVICE_ENV = TEMPLATES.from_string(_role_template("service.env"))
+SERVICE_ENV = TEMPLATES.from_string(_role_template("service_env"))
 
 
 def _fleet() -> Fleet:
@@ -155,9 +157,15 @@ def _units(plan: Plan) -> dict[str, str]:
             privileged=plan.privileged,
             start_timeout=plan.start_timeout,
             stop_timeout=plan.stop_timeout,
+            config_dir=plan.layout.config_dir,
+            container=layout.container(plan.service, "prefill", "%i"),
         ),
         "router": TEMPLATES.get_template("router.service.j2").render(
-            service=plan.service, router=plan.router.model_dump()
+            service=plan.service,
+            router=plan.router.model_dump(),
+            python=f"{layout.smg_venv(plan.router.smg_version)}/bin/python",
+            launcher=f"{plan.layout.router_home}/{layout.ROUTER_LAUNCHER}",
+            config_dir=plan.layout.config_dir,
         ),
     }
 

@@ -27,7 +27,7 @@ options:
   provider_lib: {description: Path of the libibverbs provider library., type: str, required: true}
   gid_index: {description: GID index that must be RoCE v2 (Mooncake's MC_GID_INDEX)., type: int, default: 3}
   min_disk_gb: {description: Free GB needed on the container storage path., type: float, default: 50}
-  storage_paths: {description: Candidate container storage paths, first existing wins., type: list, elements: str}
+  storage_paths: {description: Candidate container storage paths, first existing wins., type: list, elements: str, required: true}
   peers: {description: "[address, port] pairs that must accept TCP.", type: list, elements: list}
 author: pdctl
 """
@@ -54,8 +54,7 @@ def main() -> None:
             "provider_lib": {"type": "str", "required": True},
             "gid_index": {"type": "int", "default": 3},
             "min_disk_gb": {"type": "float", "default": 50.0},
-            "storage_paths": {"type": "list", "elements": "str",
-                              "default": ["/var/lib/containers", "/var/lib/docker", "/var/lib"]},
+            "storage_paths": {"type": "list", "elements": "str", "required": True},
             "peers": {"type": "list", "elements": "list", "default": []},
         },
         supports_check_mode=True,
