@@ -1,8 +1,9 @@
 """The baselines pdctl is measured against, built from pdctl's own playbooks.
 
 - Ansible's defaults: the same deploy playbook and plan, run by plain `ansible-playbook` with
-  forks 5, no pipelining, no ControlPersist (a new SSH connection per task) and facts
-  gathered in full at every play, as a playbook that does not opt out gets them.
+  forks 5, no pipelining, the ssh plugin's own `ssh_args` (`-C -o ControlMaster=auto
+  -o ControlPersist=60s`: one SSH connection per host, reused by its tasks) and facts gathered
+  in full at every play, as a playbook that does not opt out gets them.
 - Host after host: `pdctl fleet check --limit H` once per host, one after the other.
 """
 
@@ -31,7 +32,7 @@ localhost_warning = False
 
 [ssh_connection]
 pipelining = False
-ssh_args = -o ControlMaster=no -o BatchMode=yes
+# ssh_args left unset: the ssh plugin's default, ControlPersist included, is what users run.
 """
 
 
