@@ -372,6 +372,18 @@ def _roll(
                 states[old.slot.name] = SlotState(old.slot, "inactive", None)
             else:
                 progress(f"rolling {old.slot.name} in place (no spare slot)")
+                # A replica the converge just started may still be pending in the router: the
+                # old one leaves only once another of its group is routable (else 503s).
+                fresh = [
+                    s.slot
+                    for s in states.values()
+                    if s.slot.group == role
+                    and s.running
+                    and s.slot != old.slot
+                    and s.config in {None, config}
+                ]
+                if fresh and not actuator.wait_any_in_service(fresh):
+                    progress(f"no other {role} replica is in service: {old.slot.name} leaves a gap")
                 _restart_in_place(actuator, old.slot)
                 states[old.slot.name] = SlotState(old.slot, "active", config)
             rolled.append(old.slot.name)

@@ -178,6 +178,16 @@ class Actuator:
             hint=f"pdctl status {self.plan.service}; pdctl logs {self.plan.service} {slot.name}",
         )
 
+    def wait_any_in_service(self, slots: list[Slot], timeout: float = 60.0) -> bool:
+        """Until the router lists one of ``slots`` as healthy; False when none is by then."""
+        urls = {slot.url for slot in slots}
+        deadline = time.monotonic() + timeout
+        while urls and time.monotonic() < deadline:
+            if any(w.healthy and w.url.rstrip("/") in urls for w in self.router.workers()):
+                return True
+            time.sleep(HEALTH_POLL)
+        return False
+
     def deregister(self, slot: Slot, drain_timeout: float = 60.0) -> None:
         """Remove the worker from the router and wait until the router has let go of it."""
         worker = self.router.find(slot.url)

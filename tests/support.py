@@ -218,7 +218,10 @@ def assert_apart(*plans: Plan) -> None:
 
 def start_lab(home: Path, hosts: int, cpu_hosts: int) -> Lab:
     home.mkdir(parents=True, exist_ok=True)
-    pdctl(home, "lab", "up", "--hosts", str(hosts), "--cpu-hosts", str(cpu_hosts))
+    up = pdctl(home, "lab", "up", "--hosts", str(hosts), "--cpu-hosts", str(cpu_hosts), check=False)
+    if up.returncode != 0:  # the hosts that did boot would outlive the test
+        pdctl(home, "lab", "down", check=False)
+        raise AssertionError(f"pdctl lab up exited {up.returncode}\n{up.stderr}")
     return Lab(home)
 
 

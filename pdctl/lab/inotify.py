@@ -1,8 +1,8 @@
 """fs.inotify.max_user_instances for every lab on this machine: one sysctl, shared by all.
 
 Each lab host's systemd, journald and podman hold inotify instances, all as root, so every
-workspace's lab hosts draw on one per-user budget: past about 20 hosts machine-wide the
-default (128) runs out, and a host fails to boot with "Too many open files". ``ensure``
+workspace's lab hosts draw on one per-user budget: past about 15 hosts machine-wide the
+default (128) runs out, and a host fails to boot with "Too many open files" (or hangs). ``ensure``
 makes room for every running lab host on the machine, and the first raise records the
 machine's own value in the lab registry; ``restore_when_idle`` puts it back only once no
 lab host runs anywhere. Call both with the registry locked.
@@ -19,8 +19,8 @@ from pdctl.workspace import write_atomic
 SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
 RESTORE = registry.REGISTRY / "inotify-restore"
 # Hosts the kernel's default leaves room for, and what to allow per host past that (a
-# host uses about six; headroom for its containers).
-FREE_HOSTS = 20
+# host uses about six, more with running containers: 18 hosts were seen holding 147).
+FREE_HOSTS = 8
 PER_HOST = 32
 FLOOR = 4096
 

@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from pdctl.errors import EnvironmentProblem, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan
+from pdctl.plan import WORKER_ROLES, Plan, Slot
 from pdctl.router import Router, Worker, requests_total
 from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
 from pdctl.scaler.observe import CounterRate
@@ -123,6 +123,38 @@ def service_lock(path: Path) -> Iterator[None]:
         yield
 
 
+def scale_in_order(
+    running: list[Slot],
+    workers: dict[str, Worker],
+    started_at: dict[str, float],
+    out_of_service_since: dict[str, float],
+    *,
+    now: float,
+    start_timeout: float,
+) -> tuple[list[Slot], list[str]]:
+    """Which running replicas leave first, and the names of those still starting.
+
+    A replica that runs but is not routed to yet (someone else started it: a deploy, a
+    restart) is about to serve: taking an in-service replica away meanwhile could leave the
+    group with none (503s), so nothing leaves while one is starting, up to the start timeout
+    (``out_of_service_since`` remembers since when, across ticks). Past that it serves nothing
+    and leaves first; then the newest this scaler started, then the highest index."""
+    out = []
+    for slot in running:
+        worker = workers.get(slot.url)
+        if worker is not None and worker.healthy:
+            out_of_service_since.pop(slot.name, None)
+        else:
+            out.append(slot)
+    starting = [
+        s.name for s in out if now - out_of_service_since.setdefault(s.name, now) < start_timeout
+    ]
+    if starting:
+        return [], starting
+    newest = sorted(running, key=lambda s: (started_at.get(s.name, 0.0), s.index), reverse=True)
+    return out + [s for s in newest if s not in out], []
+
+
 class Scaler:
     def __init__(
         self,
@@ -145,6 +177,7 @@ class Scaler:
             str, float
         ] = {}  # slot -> when this scaler started it (newest goes first)
         self.unhealthy_since: dict[str, float] = {}
+        self.out_of_service_since: dict[str, float] = {}  # running, not (yet) routed to
         self.metrics = metrics or Metrics()
         self.stop = threading.Event()
         self.last: dict[str, Decision] = {}
@@ -214,7 +247,13 @@ class Scaler:
             self.metrics.actions.labels(action).observe(time.monotonic() - started)
         return True
 
-    def _scale(self, role: str, decision: Decision, states: dict[str, SlotState]) -> None:
+    def _scale(
+        self,
+        role: str,
+        decision: Decision,
+        states: dict[str, SlotState],
+        workers: dict[str, Worker],
+    ) -> None:
         group = [s for s in states.values() if s.slot.group == role]
         running = [s.slot for s in group if s.running]
         if decision.desired > len(running):
@@ -231,10 +270,17 @@ class Scaler:
                     self.started_at[slot.name] = self.clock()
                     self.log(f"started {slot.name} on {slot.host}; it registers once healthy")
         elif decision.desired < len(running):
-            newest = sorted(
-                running, key=lambda s: (self.started_at.get(s.name, 0.0), s.index), reverse=True
+            victims, starting = scale_in_order(
+                running,
+                workers,
+                self.started_at,
+                self.out_of_service_since,
+                now=self.clock(),
+                start_timeout=self.plan.start_timeout,
             )
-            for slot in newest[: len(running) - decision.desired]:
+            if starting:
+                self.log(f"scale-in of {role} waits: {', '.join(starting)} not in service yet")
+            for slot in victims[: len(running) - decision.desired]:
                 if self.stop.is_set():
                     return
                 if self._do("stop", partial(self.actuator.scale_in, slot)):
@@ -271,7 +317,7 @@ class Scaler:
                     f"action={decision.action} reason={decision.reason}"
                 )
             if decision.action != "hold":
-                self._scale(role, decision, states)
+                self._scale(role, decision, states, workers)
         if self.rps is not None:
             self.metrics.rps.set(self.rps)
         self.last.update(decisions)
