@@ -17,13 +17,27 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from pdctl import drift, inventory, layout, runner, sharing, unhealthy
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import HostError, InputError, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan, Slot, build, held_by
+from pdctl.plan import WORKER_ROLES, Plan, Slot, WorkerRole, build, held_by
+from pdctl.results import (
+    DeployResult,
+    DestroyResult,
+    EndpointResult,
+    GroupStatus,
+    ReplicaStatus,
+    RouterStatus,
+    ScalerStatus,
+    StatusGroups,
+    StatusResult,
+)
 from pdctl.scaler import control
+from pdctl.scaler.decide import Decision
 from pdctl.scaler.setup import handle_store
 from pdctl.slots import Actuator, SlotState
 from pdctl.spec import Env, Spec, load
@@ -32,6 +46,7 @@ from pdctl.versions import scaler_requirements
 from pdctl.workspace import Workspace, cache_dir
 
 Progress = Callable[[str], None]
+_DECISION = TypeAdapter(Decision)
 
 
 def resolve_fleet(workspace: Workspace, spec: Spec, fleet: str | None) -> str:
@@ -247,7 +262,7 @@ def apply(
     dry_run: bool = False,
     converge: bool = False,
     verbosity: int = 0,
-) -> dict[str, Any]:
+) -> DeployResult:
     """Converge the hosts to the plan, unless the quick check finds them as the last deploy
     left them (pdctl/drift.py); ``converge`` runs the playbooks regardless."""
     old = services.stored_plan(workspace, plan.service)
@@ -255,24 +270,20 @@ def apply(
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
     key = drift.key(workspace, plan.service, create=not dry_run)
     inputs = drift.inputs_digest(key, extravars, fleet_dir)
-    doc: dict[str, Any] = {
-        "service": plan.service,
-        "fleet": plan.fleet,
-        "dry_run": dry_run,
-        "changes": diff(old, plan),
-        "changed_hosts": [],
-        "rolled": [],
-        "converged": False,
-        "drift": [],
-        "endpoint": services.endpoint(plan),
-        "api_key_file": services.api_key_file(plan),
-    }
+    doc = DeployResult(
+        service=plan.service,
+        fleet=plan.fleet,
+        dry_run=dry_run,
+        changes=diff(old, plan),
+        endpoint=services.endpoint(plan),
+        api_key_file=services.api_key_file(plan),
+    )
     if not converge:
-        doc["drift"] = _quick_check(workspace, plan, key, inputs, progress)
-        if not doc["drift"]:
+        doc.drift = _quick_check(workspace, plan, key, inputs, progress)
+        if not doc.drift:
             progress("every host matches the last deploy: nothing to do")
             return doc
-        for reason in doc["drift"][:10]:
+        for reason in doc.drift[:10]:
             progress(f"converging: {reason}")
     # Recorded as applying before any host changes: a failure, Ctrl-C or kill leaves the
     # record, which `status` shows and `destroy` undoes.
@@ -291,8 +302,8 @@ def apply(
             verbosity=verbosity,
         )
         _raise_failures(workspace, plan, summary)
-        doc["converged"] = True
-        doc["changed_hosts"] = summary.changed_hosts()
+        doc.converged = True
+        doc.changed_hosts = summary.changed_hosts()
         if not dry_run:
             with services.open_handle(workspace, plan, log=progress) as handle:
                 # One read of every host serves both the roll (slot states) and the record (files:
@@ -300,7 +311,7 @@ def apply(
                 observed = drift.observe(handle, key)
                 states = {name: st for o in observed.values() for name, st in o.states.items()}
                 every_host_read = all(not o.error for o in observed.values())
-                doc["rolled"] = _roll(handle, progress, states if every_host_read else None)
+                doc.rolled = _roll(handle, progress, states if every_host_read else None)
                 services.save_plan(workspace, plan)
                 drift.save_record(workspace, plan.service, inputs, observed)
     return doc
@@ -430,7 +441,7 @@ def _into_service(actuator: Actuator, slot: Slot) -> None:
     actuator.wait_in_service(slot)
 
 
-def status(workspace: Workspace, name: str) -> dict[str, Any]:
+def status(workspace: Workspace, name: str) -> StatusResult:
     plan = services.load_plan(workspace, name)
     record = services.record_state(workspace, name)
     # A deploy that did not complete may have left any part: read what is there.
@@ -447,15 +458,8 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
         scaler = control.recorded(handle_store(handle)) if not handle.router_problem else None
     scaler_alive = control.alive(scaler)
     decisions = (scaler or {}).get("groups") or {}
-    groups: dict[str, Any] = {
-        "router": {
-            "host": plan.router.host,
-            "address": plan.router.address,
-            "port": plan.router.port,
-            "state": router_state,
-            "unit": layout.router_unit(plan.service),
-        }
-    }
+    pins = (scaler or {}).get("pins") or {}
+    groups: dict[WorkerRole, GroupStatus] = {}
     for role in WORKER_ROLES:
         group = plan.groups[role]
         replicas = []
@@ -463,43 +467,63 @@ def status(workspace: Workspace, name: str) -> dict[str, Any]:
             state = states[slot.name]
             worker = workers.get(slot.url)
             replicas.append(
-                {
-                    "host": slot.host,
-                    "slot": slot.index,
-                    "port": slot.port,
-                    "gpus": slot.gpus,
-                    "state": state.active,
-                    "registered": worker is not None,
-                    "router_status": worker.status if worker else None,
-                    "healthy": worker.healthy if worker else None,
-                    "stale": bool(state.running and state.config not in {None, group.config}),
-                    "restarts": reasons[slot.name].restarts if slot.name in reasons else None,
-                    "last_log": _last_line(reasons.get(slot.name)),
-                }
+                ReplicaStatus(
+                    host=slot.host,
+                    slot=slot.index,
+                    port=slot.port,
+                    gpus=slot.gpus,
+                    state=state.active,
+                    registered=worker is not None,
+                    router_status=worker.status if worker else None,
+                    healthy=worker.healthy if worker else None,
+                    stale=bool(state.running and state.config not in {None, group.config}),
+                    restarts=reasons[slot.name].restarts if slot.name in reasons else None,
+                    last_log=_last_line(reasons.get(slot.name)),
+                )
             )
-        decision = decisions.get(role)
-        groups[role] = {
-            "min": group.min,
-            "max": group.max,
-            "desired": decision["desired"] if decision and scaler_alive else None,
-            "pinned": ((scaler or {}).get("pins") or {}).get(role),
-            "running": sum(r["state"] == "active" for r in replicas),
-            "last_decision": decision,
-            "replicas": replicas,
-        }
-    return {
-        "service": name,
-        "fleet": plan.fleet,
-        "state": record,
-        "endpoint": services.endpoint(plan),
-        "api_key_file": services.api_key_file(plan),
-        "scaler": {
-            "running": scaler_alive,
-            "rps": (scaler or {}).get("rps"),
-            "recorded_at": (scaler or {}).get("at"),
-        },
-        "groups": groups,
-    }
+        decision = _decision(decisions.get(role))
+        groups[role] = GroupStatus(
+            min=group.min,
+            max=group.max,
+            desired=decision.desired if decision and scaler_alive else None,
+            pinned=pins.get(role),
+            running=sum(r.state == "active" for r in replicas),
+            last_decision=decision,
+            replicas=replicas,
+        )
+    return StatusResult(
+        service=name,
+        fleet=plan.fleet,
+        state=record,
+        endpoint=services.endpoint(plan),
+        api_key_file=services.api_key_file(plan),
+        scaler=ScalerStatus(
+            running=scaler_alive,
+            rps=(scaler or {}).get("rps"),
+            recorded_at=(scaler or {}).get("at"),
+        ),
+        groups=StatusGroups(
+            router=RouterStatus(
+                host=plan.router.host,
+                address=plan.router.address,
+                port=plan.router.port,
+                state=router_state,
+                unit=layout.router_unit(plan.service),
+            ),
+            prefill=groups["prefill"],
+            decode=groups["decode"],
+        ),
+    )
+
+
+def _decision(recorded: object) -> Decision | None:
+    """A group's last decision as the scaler recorded it (its state in the store, written by
+    pdctl/scaler/loop.py); None when there is none, or what is there is not a decision (as
+    control.recorded takes a state it cannot read for none)."""
+    try:
+        return _DECISION.validate_python(recorded) if recorded else None
+    except ValidationError:
+        return None
 
 
 def _why_failed(actuator: Actuator, states: dict[str, SlotState]) -> dict[str, Unhealthy]:
@@ -519,17 +543,18 @@ def _last_line(record: Unhealthy | None) -> str | None:
     return lines[-1] if lines else None
 
 
-def endpoint(workspace: Workspace, name: str, *, show_key: bool) -> dict[str, Any]:
+def endpoint(workspace: Workspace, name: str, *, show_key: bool) -> EndpointResult:
     """Where clients reach the service and, only when asked, the router's API key.
 
     The URL comes from the stored plan (no host contacted). The key is read from the router
     host each time and handed to the caller only: pdctl never writes it to the workspace.
     """
     plan = services.load_plan(workspace, name)
-    doc = {"service": name, "endpoint": services.endpoint(plan)}
-    if show_key:
-        doc["api_key"] = services.router_api_key(workspace, plan)
-    return doc
+    return EndpointResult(
+        service=name,
+        endpoint=services.endpoint(plan),
+        api_key=services.router_api_key(workspace, plan) if show_key else None,
+    )
 
 
 def find_slot(plan: Plan, which: str) -> Slot:
@@ -565,7 +590,7 @@ def logs(
                 write(line)
 
 
-def destroy(workspace: Workspace, name: str, progress: Progress) -> dict[str, Any]:
+def destroy(workspace: Workspace, name: str, progress: Progress) -> DestroyResult:
     """Undo the service on every host of its plans: the last applied one and that of a
     deploy that did not complete (hosts where nothing was applied are left as they are)."""
     plans = services.plans(workspace, name)
@@ -601,4 +626,4 @@ def destroy(workspace: Workspace, name: str, progress: Progress) -> dict[str, An
             )
         hosts.update(plan.hosts())
     services.forget(workspace, name)
-    return {"service": name, "deregistered": deregistered, "hosts": sorted(hosts)}
+    return DestroyResult(service=name, deregistered=deregistered, hosts=sorted(hosts))

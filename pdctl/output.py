@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
@@ -27,7 +28,10 @@ class Output:
 
     # -- results -----------------------------------------------------------
     def result(self, doc: Any, render: Callable[[], None] | None = None) -> None:
-        """Emit a command's result: the JSON document, or its human rendering."""
+        """Emit a command's result: the JSON document, or its human rendering. A typed result
+        (pdctl/results.py) is its ``model_dump(mode="json")``."""
+        if isinstance(doc, BaseModel):
+            doc = doc.model_dump(mode="json")
         if self.json_mode:
             sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
             sys.stdout.flush()

@@ -93,6 +93,15 @@ class GroupPlan(BaseModel):
     slots: list[Slot] = Field(default_factory=list)
 
 
+class ProbePlan(BaseModel):
+    """How a worker's health is asked: the spec's first probe (or the defaults), in whole
+    seconds. The roles get it as pd_probe; the scaler and pdctl poll slots with it."""
+
+    url: str
+    interval: int
+    timeout: int
+
+
 class RouterPlan(BaseModel):
     host: str
     address: str
@@ -116,7 +125,7 @@ class Plan(BaseModel):
     memlock: str
     start_timeout: int
     stop_timeout: int
-    probe: dict[str, Any]
+    probe: ProbePlan
     model: str | None
     # Keyed hash of the secrets' values (pdctl/drift.py secrets_digest), never a value.
     # "" without secrets, and in plans stored before it existed.
@@ -576,7 +585,7 @@ def _plan(
         memlock=settings.memlock,
         start_timeout=int(settings.start_timeout),
         stop_timeout=int(settings.stop_timeout),
-        probe={"url": probe.url, "interval": int(probe.interval), "timeout": int(probe.timeout)},
+        probe=ProbePlan(url=probe.url, interval=int(probe.interval), timeout=int(probe.timeout)),
         model=spec.model_name,
         router=RouterPlan(
             host=router_host.name,

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from pdctl import inventory, layout, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
 from pdctl.fleet_model import Fleet
 from pdctl.plan import Plan
+from pdctl.results import RecordState
 from pdctl.router import Router
 from pdctl.slots import Actuator
 from pdctl.workspace import Workspace, write_atomic
@@ -96,9 +96,6 @@ def load_plan(workspace: Workspace, name: str) -> Plan:
 def save_plan(workspace: Workspace, plan: Plan) -> None:
     text = json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     write_atomic(state_dir(workspace, plan.service) / PLAN, text)
-
-
-RecordState = Literal["applied", "applying", "failed"]
 
 
 @contextmanager

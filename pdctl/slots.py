@@ -123,7 +123,7 @@ class Actuator:
         connector = self.connector(self.targets[slot.host])
         try:
             response = request(
-                connector, slot.address, slot.port, "GET", self.plan.probe["url"], timeout=5
+                connector, slot.address, slot.port, "GET", self.plan.probe.url, timeout=5
             )
         except HostError:
             return False
@@ -152,7 +152,7 @@ class Actuator:
                     raise UnhealthyUnits(f"{slot.name} did not start", [report], hint=hint)
             # A probe is one request over a pooled connection: poll often, so a slot that
             # just came up is registered within a fraction of a second, not a whole interval.
-            time.sleep(min(HEALTH_POLL, float(self.plan.probe["interval"])))
+            time.sleep(min(HEALTH_POLL, float(self.plan.probe.interval)))
         raise UnhealthyUnits(
             f"{slot.name} did not become healthy within {budget:.0f} s",
             [self.why(slot)],

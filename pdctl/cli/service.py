@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -12,7 +11,8 @@ from pdctl import deploy as deploys
 from pdctl import service as services
 from pdctl.cli.app import App, pass_app
 from pdctl.errors import InputError
-from pdctl.plan import Plan
+from pdctl.plan import WORKER_ROLES, Plan
+from pdctl.results import DeployResult, EndpointResult, StatusResult
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 FLEET = click.option(
@@ -25,11 +25,9 @@ PARTIAL = click.option(
 )
 
 
-def _endpoint_line(app: App, doc: dict[str, Any]) -> None:
+def _endpoint_line(app: App, doc: DeployResult | StatusResult | EndpointResult) -> None:
     """Where clients go, and the command that prints the key (never the key itself)."""
-    app.out.line(
-        f"endpoint: {doc['endpoint']}  (API key: `pdctl endpoint {doc['service']} --show-key`)"
-    )
+    app.out.line(f"endpoint: {doc.endpoint}  (API key: `pdctl endpoint {doc.service} --show-key`)")
 
 
 def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
@@ -131,15 +129,15 @@ def deploy(
         )
 
     def render() -> None:
-        hosts = doc["changed_hosts"]
-        if not doc["converged"]:
+        hosts = doc.changed_hosts
+        if not doc.converged:
             app.out.line(
                 "no changes: every host holds what the last deploy applied "
                 "(checked over SSH; --converge runs the playbooks anyway)"
             )
             _endpoint_line(app, doc)
             return
-        for reason in doc["drift"]:
+        for reason in doc.drift:
             app.out.line(f"converged because {reason}")
         if dry_run:
             app.out.line(
@@ -148,62 +146,61 @@ def deploy(
             return
         app.out.line(
             "no changes"
-            if not hosts and not doc["rolled"]
+            if not hosts and not doc.rolled
             else f"changed {len(hosts)} host(s): {', '.join(hosts)}"
         )
-        if doc["rolled"]:
-            app.out.line(f"rolled: {', '.join(doc['rolled'])}")
+        if doc.rolled:
+            app.out.line(f"rolled: {', '.join(doc.rolled)}")
         _endpoint_line(app, doc)
 
     app.out.result(doc, render)
 
 
-def _render_status(app: App, doc: dict[str, Any]) -> None:
-    router = doc["groups"]["router"]
-    app.out.line(f"service {doc['service']} on fleet {doc['fleet']}")
+def _render_status(app: App, doc: StatusResult) -> None:
+    router = doc.groups.router
+    app.out.line(f"service {doc.service} on fleet {doc.fleet}")
     _endpoint_line(app, doc)
-    if doc["state"] != "applied":
+    if doc.state != "applied":
         app.out.line(
-            f"state: {doc['state']}: a deploy started and did not complete"
+            f"state: {doc.state}: a deploy started and did not complete"
             + (
-                f"; re-run `pdctl deploy` or undo it with `pdctl destroy {doc['service']}`"
-                if doc["state"] == "failed"
+                f"; re-run `pdctl deploy` or undo it with `pdctl destroy {doc.service}`"
+                if doc.state == "failed"
                 else " (it is still running)"
             )
         )
-    app.out.line(f"router on {router['host']}: {router['state']}")
-    scaler = doc["scaler"]
-    rps = "n/a" if scaler["rps"] is None else f"{scaler['rps']:.2f}"
-    app.out.line(f"scaler: {'running' if scaler['running'] else 'not running'}, rps {rps}")
+    app.out.line(f"router on {router.host}: {router.state}")
+    scaler = doc.scaler
+    rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
+    app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}")
     rows = []
-    for role in ("prefill", "decode"):
-        group = doc["groups"][role]
-        for r in group["replicas"]:
+    for role in WORKER_ROLES:
+        group = doc.groups.worker(role)
+        for r in group.replicas:
             rows.append(
                 (
-                    f"{role}/{r['slot']}",
-                    r["host"],
-                    r["port"],
-                    r["state"],
-                    r["router_status"] or ("-" if not r["registered"] else "?"),
-                    "stale" if r["stale"] else "",
+                    f"{role}/{r.slot}",
+                    r.host,
+                    r.port,
+                    r.state,
+                    r.router_status or ("-" if not r.registered else "?"),
+                    "stale" if r.stale else "",
                 )
             )
-        desired = group["desired"] if group["desired"] is not None else "-"
-        bounds = f"{group['min']}..{group['max']}"
-        pinned = f", pinned {group['pinned']}" if group["pinned"] is not None else ""
-        last = group["last_decision"]
-        why = f" ({last['reason']})" if last else ""
+        desired = group.desired if group.desired is not None else "-"
+        bounds = f"{group.min}..{group.max}"
+        pinned = f", pinned {group.pinned}" if group.pinned is not None else ""
+        last = group.last_decision
+        why = f" ({last.reason})" if last else ""
         app.out.line(
-            f"{role}: {group['running']} running, desired {desired}{pinned}, bounds {bounds}{why}"
+            f"{role}: {group.running} running, desired {desired}{pinned}, bounds {bounds}{why}"
         )
     app.out.table(["replica", "host", "port", "unit", "router", "config"], rows)
-    for role in ("prefill", "decode"):
-        for r in doc["groups"][role]["replicas"]:
-            if r["last_log"] is not None:
+    for role in WORKER_ROLES:
+        for r in doc.groups.worker(role).replicas:
+            if r.last_log is not None:
                 app.out.line(
-                    f"{role}/{r['slot']} {r['state']} after {r['restarts']} restart(s): "
-                    f"{r['last_log']}"
+                    f"{role}/{r.slot} {r.state} after {r.restarts} restart(s): {r.last_log}"
                 )
 
 
@@ -230,8 +227,8 @@ def endpoint(app: App, service: str, show_key: bool) -> None:
 
     def render() -> None:
         if show_key:
-            app.out.line(f"endpoint: {doc['endpoint']}")
-            app.out.line(f"api key:  {doc['api_key']}")
+            app.out.line(f"endpoint: {doc.endpoint}")
+            app.out.line(f"api key:  {doc.api_key}")
         else:
             _endpoint_line(app, doc)
 
@@ -266,4 +263,4 @@ def destroy(app: App, service: str, yes: bool) -> None:
         click.confirm(f"Destroy service {service}?", abort=True, err=True)
     with app.out.progress(f"destroy {service}") as progress:
         doc = deploys.destroy(app.workspace, service, progress)
-    app.out.result(doc, lambda: app.out.line(f"destroyed {service} on {', '.join(doc['hosts'])}"))
+    app.out.result(doc, lambda: app.out.line(f"destroyed {service} on {', '.join(doc.hosts)}"))

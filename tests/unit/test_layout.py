@@ -90,7 +90,7 @@ def python_view(plan: Plan) -> dict[str, dict[str, Any]]:
             },
             "start_timeout": plan.start_timeout,
             "stop_timeout": plan.stop_timeout,
-            "probe": plan.probe,
+            "probe": plan.probe.model_dump(mode="json"),
         },
         "router": {
             "config_dir": where.config_dir,

@@ -249,6 +249,19 @@ def test_extravars_round_trip() -> None:
     assert plan_from_extravars(json.loads(json.dumps(plan.extravars()))) == plan
 
 
+def test_the_probe_reaches_the_roles_and_stored_plans_as_a_plain_mapping() -> None:
+    spec, env = lab_spec()
+    plan = build(
+        spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
+    )
+    # pd_probe as the roles and the scaler read it: these keys, in this order, whole seconds.
+    probe = plan.extravars()["pd_probe"]
+    assert json.dumps(probe) == '{"url": "/health", "interval": 2, "timeout": 10}'
+    assert plan.model_dump(mode="json")["probe"] == probe  # plan.json holds the same
+    stored = Plan.model_validate({**plan.model_dump(mode="json"), "probe": probe})
+    assert stored == plan and (stored.probe.url, stored.probe.interval) == ("/health", 2)
+
+
 # ---------------------------------------------------------------- services sharing a fleet
 
 
