@@ -177,8 +177,10 @@ def test_the_wrapper_is_an_executable_that_tells_the_preflight_it_clamps() -> No
 def test_inotify_rises_for_every_lab_and_returns_with_the_last(tmp_path: Path) -> None:
     sysctl, restore = tmp_path / "max_user_instances", tmp_path / "restore"
     sysctl.write_text("128\n")
-    inotify.ensure(9, sysctl, restore)  # three test labs: the default suffices
+    inotify.ensure(6, sysctl, restore)  # two test labs: the default suffices
     assert sysctl.read_text() == "128\n" and not restore.exists()
+    inotify.ensure(9, sysctl, restore)  # a third: past the default's room
+    assert int(sysctl.read_text()) == inotify.FLOOR and restore.read_text() == "128\n"
     inotify.ensure(9 + 16, sysctl, restore)  # a 16-host lab beside them
     assert int(sysctl.read_text()) == inotify.FLOOR and restore.read_text() == "128\n"
     inotify.ensure(200, sysctl, restore)
