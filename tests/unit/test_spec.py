@@ -15,7 +15,13 @@ ENV = {"HF_TOKEN": "hf_value"}
 
 
 @pytest.mark.parametrize(
-    "name", ["examples/pd-amd-mi300x.yml", "examples/lab/pd.yml", "tests/data/dstack-pd.yml"]
+    "name",
+    [
+        "examples/pd-amd-mi300x.yml",
+        "examples/pd-nvidia-h200.yml",
+        "examples/lab/pd.yml",
+        "tests/data/dstack-pd.yml",
+    ],
 )
 def test_examples_parse(name: str) -> None:
     spec, env = load(REPO / name, ENV)
