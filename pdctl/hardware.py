@@ -1873,7 +1873,7 @@ def _check_rdma_ports(host: str, raw: dict[str, Any], view: _View, expect: Expec
         return Check(
             "rdma_ports",
             True,
-            f"{host}: port 1 is PORT_ACTIVE ({layer}{lids}) on {len(names)} {_prefix(expect)} "
+            f"{host}: port 1 is PORT_ACTIVE ({layer}{lids}) on {len(names)} {_driver(expect)} "
             "devices",
         )
     fix = "bring the links up (cables, switch ports, ip link; ibv_devinfo -d DEV)"
