@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdctl import validate
-from pdctl.spec import Gpu, GpuVendor, Range, describe_gb
+from pdctl.fleet_model import GpuVendor
+from pdctl.spec import Gpu, Range, describe_gb
 from pdctl.topology import GpuDevice, Nic
 
 # An RDMA device name as the kernel and udev spell them (mlx5_0, bnxt_re3, rocep1s0f1, irdma0):

@@ -22,11 +22,11 @@ from pydantic import AfterValidator, BaseModel, Field
 from pdctl import layout, topology, validate
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
-from pdctl.fleet_model import Fleet, FleetHost, natural_key
+from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
 from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
 from pdctl.layout import Layout, Roots
 from pdctl.router_flags import kept_flags, launch_line
-from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, GpuVendor, Probe, ReplicaGroup, Spec
+from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]

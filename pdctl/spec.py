@@ -27,6 +27,7 @@ from pydantic import (
 from pdctl import layout, validate
 from pdctl.commands import CommandError, worker_script
 from pdctl.errors import InputError
+from pdctl.fleet_model import GpuVendor
 from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
@@ -159,7 +160,6 @@ def _mem_range(value: Any) -> Range:
     return Range.parse(value, _gib)
 
 
-GpuVendor = Literal["amd", "nvidia"]
 # dstack's vendor tokens (gpuhunt's AcceleratorVendor and its aliases); pdctl places on two.
 _VENDORS: dict[str, GpuVendor | None] = {
     "amd": "amd",
