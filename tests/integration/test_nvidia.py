@@ -1,0 +1,184 @@
+"""dstack's SMG example on NVIDIA hosts, end to end: `pdctl lab up --hosts 3 --cpu-hosts 1
+--gpu H200`, the example file with only its image and the router's `cpu: 4` changed for the
+lab, deployed with `pdctl deploy`; a chat through SMG; every worker container holds exactly
+its slot's NVIDIA devices (given by real podman CDI) and no ROCm device, its NIC nearest its
+GPU in PDCTL_RDMA_DEVICES and UCX_NET_DEVICES; scale and destroy.
+
+The tests run in file order and share one deployment. Everything is the real program (sshd,
+Ansible, systemd, podman with CDI, SMG, the scaler) but the GPUs and SGLang itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "pd-nvidia-h200.yml"
+SERVICE = "glm-air"
+GPU_NODES = ("node2", "node3")
+
+
+@dataclass
+class Deployment:
+    lab: Lab
+    env: dict[str, str]
+    spec: Path
+
+    def pdctl(self, *args: str, check: bool = True) -> Any:
+        return pdctl(self.lab.home, *args, env=self.env, check=check)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.pdctl("--json", *args).stdout)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.json("status", SERVICE)
+        return doc
+
+    def root(self, node: str, command: str) -> str:
+        return str(self.lab.ssh(node, command, user="root").stdout)
+
+    def active(self) -> list[tuple[str, str, int]]:
+        """(group, node, slot) of every running replica."""
+        found = []
+        for role in ("prefill", "decode"):
+            for replica in self.status()["groups"][role]["replicas"]:
+                if replica["state"] == "active":
+                    found.append((role, self.lab.node_at(replica["host"]), replica["slot"]))
+        return found
+
+    def serving(self, role: str) -> int:
+        replicas = self.status()["groups"][role]["replicas"]
+        return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
+
+    def api_key(self) -> str:
+        return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])
+
+
+def lab_spec(image: str) -> str:
+    """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
+    (the lab's CPU host has fewer cores). Nothing else changes."""
+    text = EXAMPLE.read_text()
+    router_cpu = "    resources:\n      cpu: 4\n"
+    assert text.count(router_cpu) == 1 and text.count("image: lmsysorg/sglang:v0.5.5\n") == 1
+    text = text.replace(router_cpu, "")
+    return text.replace("image: lmsysorg/sglang:v0.5.5\n", f"image: {image}\n")
+
+
+@pytest.fixture(scope="module")
+def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    require_lab()
+    home = tmp_path_factory.mktemp("nvidia")
+    pdctl(home, "lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "H200")
+    lab = Lab(home)
+    status = lab.status()
+    pdctl(home, *status["fleet_add"].split()[1:])
+    spec = home / "pd.yml"
+    spec.write_text(lab_spec(status["worker_image"]))
+    deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
+    yield deployment
+    deployment.pdctl("destroy", SERVICE, "-y", check=False)
+    pdctl(home, "lab", "down")
+
+
+def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None:
+    doc = nv.json("plan", str(nv.spec), "--fleet", "lab")
+    slots = [s for group in doc["plan"]["groups"].values() for s in group["slots"]]
+    assert len(slots) == 12 and {s["vendor"] for s in slots} == {"nvidia"}
+    for slot in slots:
+        (gpu,) = slot["gpus"]
+        assert slot["rdma_devices"] == [f"mlx5_{gpu}"], slot
+        assert slot["ucx_net_devices"] == [f"mlx5_{gpu}:1"], slot
+    assert doc["plan"]["volumes"] == []  # CUDA images carry libmlx5: nothing mounted
+    assert doc["plan"]["notes"] == []
+    text = nv.pdctl("plan", str(nv.spec), "--fleet", "lab").stdout
+    assert "nics" in text and "mlx5_0" in text
+
+
+def test_the_smg_example_deploys_and_chats_through_smg(nv: Deployment) -> None:
+    doc = nv.json("deploy", str(nv.spec), "--fleet", "lab", "-y")
+    assert doc["endpoint"].endswith(":8000")
+    status, body = chat(doc["endpoint"], "hello from an H200", nv.api_key())
+    assert status == 200, body
+    answer = body["choices"][0]["message"]["content"]
+    assert answer.startswith("[decode ") and "hello from an H200" in answer
+
+
+def _devices(nv: Deployment, node: str, container: str) -> tuple[set[str], str, str]:
+    """The container's /dev entries (and /dev/dri's, if any), its env, its mounts."""
+    listing = nv.root(node, f"podman exec {container} sh -c 'ls /dev; ls /dev/dri 2>/dev/null'")
+    env = nv.root(node, f"podman exec {container} env")
+    mounts = nv.root(node, f"podman inspect --format '{{{{json .Mounts}}}}' {container}")
+    return set(listing.split()), env, mounts
+
+
+def test_every_worker_container_has_nvidia_devices_only(nv: Deployment) -> None:
+    running = nv.active()
+    assert {role for role, _node, _slot in running} == {"prefill", "decode"}
+    slots = {
+        (s["group"], s["index"]): s
+        for g in nv.json("plan", str(nv.spec), "--fleet", "lab")["plan"]["groups"].values()
+        for s in g["slots"]
+    }
+    for role, node, index in running:
+        container = f"pd-{SERVICE}-{role}-{index}"
+        devices, env, mounts = _devices(nv, node, container)
+        (gpu,) = slots[(role, index)]["gpus"]
+        gpus = {d for d in devices if re.fullmatch(r"nvidia\d+", d)}
+        assert gpus == {f"nvidia{gpu}"}, (container, devices)
+        assert {"nvidiactl", "nvidia-uvm"} <= devices, (container, devices)
+        assert "kfd" not in devices and not any(d.startswith("renderD") for d in devices)
+        assert (
+            f"PDCTL_RDMA_DEVICES=mlx5_{gpu}\n" in env and f"UCX_NET_DEVICES=mlx5_{gpu}:1\n" in env
+        )
+        assert "ROCR_VISIBLE_DEVICES" not in env and "libbnxt_re" not in mounts
+    unit = nv.root(GPU_NODES[0], f"cat /etc/systemd/system/pd-{SERVICE}-decode@.service")
+    assert "$PDCTL_DEVICE_ARGS --device /dev/infiniband" in unit
+    assert "/dev/kfd" not in unit and "--group-add video" not in unit
+
+
+def test_scale_out_and_in(nv: Deployment) -> None:
+    nv.pdctl("scale", SERVICE, "decode", "3")
+    deadline = time.monotonic() + 180
+    while nv.serving("decode") != 3:
+        assert time.monotonic() < deadline, nv.status()
+        time.sleep(2)
+    decodes = [(node, slot) for role, node, slot in nv.active() if role == "decode"]
+    seen: set[tuple[str, str]] = set()
+    for node, slot in decodes:
+        devices, _env, _mounts = _devices(nv, node, f"pd-{SERVICE}-decode-{slot}")
+        (gpu,) = [d for d in devices if re.fullmatch(r"nvidia\d+", d)]
+        assert (node, gpu) not in seen  # no GPU is handed to two replicas
+        seen.add((node, gpu))
+    status, body = chat(nv.status()["endpoint"], "after scaling out", nv.api_key())
+    assert status == 200 and "after scaling out" in body["choices"][0]["message"]["content"]
+    nv.pdctl("scale", SERVICE, "decode", "1")
+    deadline = time.monotonic() + 180
+    while nv.serving("decode") != 1:
+        assert time.monotonic() < deadline, nv.status()
+        time.sleep(2)
+    nv.pdctl("scale", SERVICE, "decode", "auto")
+
+
+def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
+    nv.pdctl("destroy", SERVICE, "-y")
+    for node in ("node1", *GPU_NODES):
+        left = nv.lab.ssh(
+            node,
+            "ls /etc/systemd/system | grep -c '^pd-';"
+            " podman ps -a --format '{{.Names}}' 2>/dev/null | grep -c '^pd-'",
+            user="root",
+            check=False,
+        ).stdout.split()
+        assert left == ["0", "0"], (node, left)
+    assert pdctl_json(nv.lab.home, "fleet", "show", "lab")["services"] == {}
