@@ -10,8 +10,10 @@ Ansible, systemd, podman with CDI, SMG, the scaler) but the GPUs and SGLang itse
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 
 from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
@@ -168,6 +171,63 @@ def test_scale_out_and_in(nv: Deployment) -> None:
         assert time.monotonic() < deadline, nv.status()
         time.sleep(2)
     nv.pdctl("scale", SERVICE, "decode", "auto")
+
+
+def test_docker_gets_the_slots_gpus_as_one_csv_field(nv: Deployment) -> None:
+    """The docker variant of the worker unit, run by the lab host's real systemd with a
+    `docker` that records its argv: `--gpus` gets `"device=0,1"`, which docker's CSV reader
+    (Go's encoding/csv; Python's csv reads it the same) takes as one field, device=0,1."""
+    node, check = GPU_NODES[1], "pd-gpuscheck"
+    unit = (
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(ROOT / "templates"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+        .get_template("worker.service.j2")
+        .render(
+            service="gpuscheck",
+            group="prefill",
+            runtime="docker",
+            vendor="nvidia",
+            volumes=[],
+            memlock="unlimited",
+            privileged=False,
+            start_timeout=60,
+            stop_timeout=5,
+            config_dir=f"/run/{check}",
+            container=f"{check}-prefill-%i",
+        )
+    )
+    shim = '#!/bin/sh\n[ "$1" = run ] && printf \'%s\\n\' "$@" > /run/pd-gpuscheck/argv\nexit 0\n'
+    slot_env = (
+        "PDCTL_GPU_IDS=0,1\nPDCTL_DEVICE_ARGS=--device nvidia.com/gpu=0 --device nvidia.com/gpu=1\n"
+    )
+    files = {
+        "/usr/local/bin/docker": shim,
+        f"/run/{check}/prefill.env": "PDCTL_IMAGE=img:1\nPDCTL_CONFIG=c0ffee\n",
+        f"/run/{check}/prefill-1.env": slot_env,
+        f"/etc/systemd/system/{check}-prefill@.service": unit,
+    }
+    script = f"mkdir -p /run/{check}; " + "; ".join(
+        f"printf %s {shlex.quote(text)} > {path}" for path, text in files.items()
+    )
+    nv.root(node, script + "; chmod +x /usr/local/bin/docker; systemctl daemon-reload")
+    try:
+        nv.root(node, f"systemctl start {check}-prefill@1.service; sleep 1")
+        argv = nv.root(node, f"cat /run/{check}/argv").splitlines()
+    finally:
+        nv.root(
+            node,
+            f"systemctl stop {check}-prefill@1.service; rm -rf /run/{check} "
+            f"/usr/local/bin/docker /etc/systemd/system/{check}-prefill@.service; "
+            "systemctl daemon-reload",
+        )
+    gpus = argv[argv.index("--gpus") + 1]
+    assert gpus == '"device=0,1"'
+    assert next(csv.reader([gpus])) == ["device=0,1"]
+    assert "/dev/kfd" not in argv and "nvidia.com/gpu=0" not in argv
 
 
 def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
