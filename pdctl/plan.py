@@ -56,8 +56,8 @@ def _nic_names(names: list[str]) -> list[str]:
     return names
 
 
-def _ucx_devices(value: str | None) -> str | None:
-    if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:\d{1,3}", value):
+def _ucx_device(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:\d{1,3}", value):
         raise ValueError(f"{value!r} is not UCX_NET_DEVICES' device:port")
     return value
 
@@ -77,9 +77,7 @@ class Slot(BaseModel):
     # carry no topology, and the slot's commands name NICs themselves.
     rdma_devices: Annotated[list[str], AfterValidator(_nic_names)] = Field(default_factory=list)
     # UCX_NET_DEVICES entries (device:port) for a NIXL slot, the same NICs; empty: not set.
-    ucx_net_devices: list[Annotated[str, AfterValidator(_ucx_devices)]] = Field(
-        default_factory=list
-    )
+    ucx_net_devices: list[Annotated[str, AfterValidator(_ucx_device)]] = Field(default_factory=list)
 
     @property
     def name(self) -> str:
