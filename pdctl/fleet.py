@@ -372,6 +372,8 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
     for key_name, value in updates.items():
         if value is not None:
             setattr(settings, key_name, value)
+    if options.gpu_vendor == "any" and options.gpu_model is None:
+        settings.gpu_model = None  # a mixed fleet: any model, unless --gpu names one
     try:
         settings = FleetSettings.model_validate(settings.model_dump())
     except ValueError as exc:

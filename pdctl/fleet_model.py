@@ -14,8 +14,9 @@ from pydantic import AfterValidator, BaseModel, Field
 from pdctl import validate
 
 HostKind = Literal["gpu", "cpu", "new"]
-GpuVendor = Literal["amd", "nvidia"]
-LinkLayer = Literal["eth", "ib"]
+# "any"/"auto": a fleet mixing vendors, each host checked by what it has.
+GpuVendor = Literal["amd", "nvidia", "any"]
+LinkLayer = Literal["eth", "ib", "auto"]
 # The libibverbs provider's name (lib<driver>-rdmav*.so): bnxt_re, mlx5, irdma, ...
 NIC_DRIVER = r"^[a-z][a-z0-9_]{0,31}$"
 

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1454,8 +1454,12 @@ def facts(raw: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- checks
 
 
-GPU_VENDORS = ("amd", "nvidia")
-LINK_LAYERS = ("eth", "ib")
+# "any", "auto": a fleet that mixes vendors; each host is checked by what it has (_resolve).
+GPU_VENDORS = ("amd", "nvidia", "any")
+LINK_LAYERS = ("eth", "ib", "auto")
+AUTO_NIC_DRIVER = "auto"
+# The NICs such servers usually carry: what a mixed fleet's host without a NIC is told to have.
+USUAL_NIC_DRIVER = {"amd": "bnxt_re", "nvidia": "mlx5"}
 _LINK_LAYER_NAMES = {"eth": "Ethernet", "ib": "InfiniBand"}
 
 
@@ -1472,9 +1476,10 @@ class Expectations:
     provider_lib: str = DEFAULT_PROVIDER_LIB
     gid_index: int = 3
     min_disk_gb: float = 50.0
-    gpu_vendor: str = "amd"  # "amd" | "nvidia"
-    nic_driver: str = "bnxt_re"  # the libibverbs provider's name: bnxt_re, mlx5, irdma, ...
-    link_layer: str = "eth"  # "eth" (RoCE) | "ib" (InfiniBand)
+    gpu_vendor: str = "amd"  # "amd" | "nvidia" | "any"
+    # The libibverbs provider's name: bnxt_re, mlx5, irdma, ...; "auto": the host's own.
+    nic_driver: str = "bnxt_re"
+    link_layer: str = "eth"  # "eth" (RoCE) | "ib" (InfiniBand) | "auto" (the host's own)
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "cpu"):
@@ -2134,10 +2139,40 @@ def _check_mesh(host: str, raw: dict[str, Any]) -> Check:
     )
 
 
+def _resolve(expect: Expectations, view: _View) -> Expectations:
+    """A mixed fleet's expectations for one host: its vendor (nvidia-smi installed or not),
+    its NICs' driver (the most common among its devices) and their ports' link layer."""
+    vendor, driver, layer = expect.gpu_vendor, expect.nic_driver, expect.link_layer
+    if vendor == "any":
+        vendor = "nvidia" if view.nvidia is not None else "amd"
+    if driver == AUTO_NIC_DRIVER:
+        found = [d for d in (view.nic_driver(n) for n in _present(view)) if d]
+        driver = max(sorted(set(found)), key=found.count) if found else USUAL_NIC_DRIVER[vendor]
+    resolved = replace(expect, gpu_vendor=vendor, nic_driver=driver)
+    if layer == "auto":
+        ports = [
+            port.link_layer
+            for device in view.devinfo or []
+            if device.name in _fleet_nics(view, resolved)
+            for port in device.ports[:1]
+        ]
+        layer = "ib" if ports and set(ports) == {"InfiniBand"} else "eth"
+    return replace(resolved, link_layer=layer)
+
+
 def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check]:
     """The preflight checks, in CHECK_NAMES order. Never raises on odd observations."""
     raw = _dict(raw)
     view = _view(raw)
+    try:
+        expect = _resolve(expect, view)
+    except Exception:  # odd observations: the checks below say what is wrong
+        expect = replace(
+            expect,
+            gpu_vendor="amd" if expect.gpu_vendor == "any" else expect.gpu_vendor,
+            nic_driver="bnxt_re" if expect.nic_driver == AUTO_NIC_DRIVER else expect.nic_driver,
+            link_layer="eth" if expect.link_layer == "auto" else expect.link_layer,
+        )
     builders: dict[str, Callable[[], Check]] = {
         "systemd": lambda: _check_systemd(host, raw),
         "gpus": lambda: _check_gpus(host, raw, view, expect),

@@ -65,20 +65,21 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
 )
 @click.option(
     "--gpu-vendor",
-    type=click.Choice(["amd", "nvidia"]),
-    help="amd (amd-smi, /dev/kfd) or nvidia (nvidia-smi, nvidia-ctk, CDI). [default: from --gpu]",
+    type=click.Choice(["amd", "nvidia", "any"]),
+    help="amd (amd-smi, /dev/kfd), nvidia (nvidia-smi, nvidia-ctk, CDI), or any (a fleet mixing "
+    "both: each host is checked by what it has; any GPU model unless --gpu). [default: from --gpu]",
 )
 @click.option(
     "--nic-driver",
     metavar="DRIVER",
-    help="The RDMA NICs' driver (the libibverbs provider's name): bnxt_re, mlx5, irdma, ... "
-    "[default: bnxt_re]",
+    help="The RDMA NICs' driver (the libibverbs provider's name): bnxt_re, mlx5, irdma, ..., or "
+    "auto (each host's own; a mixed fleet). [default: bnxt_re]",
 )
 @click.option(
     "--link-layer",
-    type=click.Choice(["eth", "ib"]),
-    help="The RDMA fabric: eth (RoCE: a RoCE v2 GID at MC_GID_INDEX) or ib (InfiniBand: a LID "
-    "per port). [default: eth]",
+    type=click.Choice(["eth", "ib", "auto"]),
+    help="The RDMA fabric: eth (RoCE: a RoCE v2 GID at MC_GID_INDEX), ib (InfiniBand: a LID "
+    "per port), or auto (each host's own). [default: eth]",
 )
 @click.option(
     "--wheelhouse",

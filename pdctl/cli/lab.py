@@ -51,11 +51,12 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
 )
 @click.option(
     "--gpu",
+    "gpus",
     type=click.Choice(list(LAB_GPUS)),
-    default=DEFAULT_GPU,
-    show_default=True,
+    multiple=True,
     help="The GPU hosts' model: MI300X (with Broadcom bnxt_re RoCE NICs) or H200/H100 (with "
-    "ConnectX mlx5 NICs, nvidia-smi, nvidia-ctk and a CDI spec).",
+    "ConnectX mlx5 NICs, nvidia-smi, nvidia-ctk and a CDI spec). Repeat it for a mixed lab: "
+    f"GPU hosts take the models in turn. [default: {DEFAULT_GPU}]",
 )
 @click.option(
     "--link-layer",
@@ -65,10 +66,12 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     help="The NICs' link layer: eth (RoCE) or ib (InfiniBand; NVIDIA hosts only).",
 )
 @pass_app
-def up(app: App, hosts: int, cpu_hosts: int, gpu: str, link_layer: LinkLayer) -> None:
+def up(app: App, hosts: int, cpu_hosts: int, gpus: tuple[str, ...], link_layer: LinkLayer) -> None:
     """Boot (or converge to) N emulated hosts. Idempotent."""
     with app.out.progress("lab up") as progress:
-        doc = manager.up(app.workspace, hosts, cpu_hosts, progress, gpu, link_layer)
+        doc = manager.up(
+            app.workspace, hosts, cpu_hosts, progress, gpus or (DEFAULT_GPU,), link_layer
+        )
     app.out.result(doc, lambda: _render_status(app, doc))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,20 +67,26 @@ class Lab:
 
 
 def _desired(
-    hosts: int, cpu_hosts: int, subnet: str, gpu: str, link_layer: LinkLayer
+    hosts: int, cpu_hosts: int, subnet: str, gpus: Sequence[str], link_layer: LinkLayer
 ) -> list[LabHost]:
+    """GPU hosts take the models in turn (--gpu MI300X --gpu H200: node2 MI300X, node3 H200,
+    ...); only ConnectX hosts can be InfiniBand, Broadcom ones stay RoCE."""
     kinds: list[HostKind] = ["cpu" if i < cpu_hosts else "gpu" for i in range(hosts)]
-    return [
-        LabHost(
-            name=f"node{i + 1}",
-            index=i + 1,
-            kind=kind,
-            address=f"{subnet}.{10 + i + 1}",
-            gpu=gpu,
-            link_layer=link_layer,
+    found = []
+    for i, kind in enumerate(kinds):
+        gpu = gpus[max(0, i - cpu_hosts) % len(gpus)] if kind == "gpu" else DEFAULT_GPU
+        layer: LinkLayer = link_layer if LAB_GPUS[gpu].nic_driver == "mlx5" else "eth"
+        found.append(
+            LabHost(
+                name=f"node{i + 1}",
+                index=i + 1,
+                kind=kind,
+                address=f"{subnet}.{10 + i + 1}",
+                gpu=gpu,
+                link_layer=layer,
+            )
         )
-        for i, kind in enumerate(kinds)
-    ]
+    return found
 
 
 def up(
@@ -88,14 +94,19 @@ def up(
     hosts: int,
     cpu_hosts: int,
     progress: Progress,
-    gpu: str = DEFAULT_GPU,
+    gpus: Sequence[str] = (DEFAULT_GPU,),
     link_layer: LinkLayer = "eth",
 ) -> dict[str, Any]:
-    if gpu not in LAB_GPUS:
-        raise InputError(f"--gpu {gpu!r} is not a GPU the lab emulates", hint=", ".join(LAB_GPUS))
-    if link_layer == "ib" and LAB_GPUS[gpu].nic_driver != "mlx5":
+    gpus = list(gpus) or [DEFAULT_GPU]
+    for gpu in gpus:
+        if gpu not in LAB_GPUS:
+            raise InputError(
+                f"--gpu {gpu!r} is not a GPU the lab emulates", hint=", ".join(LAB_GPUS)
+            )
+    if link_layer == "ib" and all(LAB_GPUS[g].nic_driver != "mlx5" for g in gpus):
         raise InputError(
-            f"--link-layer ib: the lab's {gpu} hosts have Broadcom RoCE NICs (Ethernet only)",
+            f"--link-layer ib: the lab's {', '.join(gpus)} hosts have Broadcom RoCE NICs "
+            "(Ethernet only)",
             hint="InfiniBand comes with the NVIDIA hosts' ConnectX NICs: --gpu H200 or H100",
         )
     if not 1 <= hosts <= MAX_HOSTS:
@@ -117,7 +128,7 @@ def up(
     )
     with registry.locked():
         current = _claim(lab, str(base))
-        desired = _desired(hosts, cpu_hosts, current.subnet, gpu, link_layer)
+        desired = _desired(hosts, cpu_hosts, current.subnet, gpus, link_layer)
         network.ensure_bridge(current)
         inotify.ensure(_hosts_running(except_lab=lab.dir) + hosts)
         booting = _converge_hosts(lab, current, desired, shared, progress)
@@ -266,13 +277,13 @@ def status(workspace: Workspace) -> dict[str, Any]:
 def fleet_add_line(lab: Lab, hosts: list[LabHost]) -> str:
     """Registers the hosts, with the lab's settings as fleet settings (the wheelhouse)."""
     host_args = " ".join(f"--host {rootfs.SUDO_USER}@{h.address}" for h in hosts)
-    gpu_host = next((h for h in hosts if h.model is not None), None)
+    kinds = {(h.gpu, h.link_layer) for h in hosts if h.model is not None}
     hardware = ""
-    if gpu_host is not None and gpu_host.model is not None and gpu_host.gpu != DEFAULT_GPU:
-        hardware = (
-            f" --gpu {gpu_host.gpu} --nic-driver {gpu_host.model.nic_driver}"
-            f" --link-layer {gpu_host.link_layer}"
-        )
+    if len(kinds) > 1:  # a mixed lab: each host is checked by what it has
+        hardware = " --gpu-vendor any --nic-driver auto --link-layer auto"
+    elif kinds and next(iter(kinds))[0] != DEFAULT_GPU:
+        gpu, layer = next(iter(kinds))
+        hardware = f" --gpu {gpu} --nic-driver {LAB_GPUS[gpu].nic_driver} --link-layer {layer}"
     return (
         f"pdctl fleet add lab --identity-file {lab.key} --wheelhouse {WHEELHOUSE}{hardware} "
         f"{host_args}"

@@ -232,3 +232,45 @@ def test_worker_stand_in_checks_its_gpus_and_nics(h200: Lab) -> None:
     )
     assert "backend=nixl" in good.stderr
     assert "Uvicorn running" in good.stderr, good.stderr
+
+
+def test_a_mixed_lab_and_fleet_check_each_host_by_what_it_has(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """--gpu MI300X --gpu H200: GPU hosts take the models in turn; the fleet that `fleet_add`
+    names (--gpu-vendor any --nic-driver auto --link-layer auto) passes both, and the AMD
+    host's facts carry the same slot topology (GPU k and NIC k behind one switch)."""
+    require_lab()
+    home = tmp_path_factory.mktemp("mixed")
+    pdctl(home, "lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "MI300X",
+          "--gpu", "H200", "--link-layer", "ib")  # fmt: skip
+    lab = Lab(home)
+    try:
+        hosts = lab.status()["hosts"]
+        assert [(h["gpu_model"], h["link_layer"]) for h in hosts] == [
+            (None, None),
+            ("MI300X", "eth"),
+            ("H200", "ib"),
+        ]
+        line = lab.status()["fleet_add"]
+        assert " --gpu-vendor any --nic-driver auto --link-layer auto " in line
+        pdctl(home, *line.split()[1:])
+        shown = {
+            h["address"]: h["facts"] for h in pdctl_json(home, "fleet", "show", "lab")["hosts"]
+        }
+        amd, nvidia = shown[hosts[1]["address"]], shown[hosts[2]["address"]]
+        assert (amd["gpus"]["vendor"], amd["gpus"]["model"], amd["nvidia"]) == (
+            "amd",
+            "MI300X",
+            None,
+        )
+        assert (nvidia["gpus"]["vendor"], nvidia["gpus"]["model"]) == ("nvidia", "H200")
+        for facts, driver in ((amd, "bnxt_re"), (nvidia, "mlx5")):
+            nics = facts["rdma"]["devices"]
+            assert {n["driver"] for n in nics} == {driver}
+            for gpu, nic in zip(facts["gpus"]["devices"], nics, strict=True):
+                assert gpu["pci_path"][:2] == nic["pci_path"][:2]
+                assert gpu["pci_path"][2] != nic["pci_path"][2]
+                assert gpu["numa"] == nic["numa"] == (0 if gpu["index"] < 4 else 1)
+    finally:
+        pdctl(home, "lab", "down")

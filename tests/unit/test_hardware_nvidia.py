@@ -140,6 +140,7 @@ def test_bdfs_chains_and_drivers() -> None:
 
 # --------------------------------------------------------------------------- facts, checks
 
+MLX5_NAMES = tuple(f"mlx5_{k}" for k in range(8))
 UUIDS = [f"GPU-0000000{k}-1754-c017-fdb7-6d7d682f4165" for k in range(8)]
 BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
@@ -153,7 +154,7 @@ def nvidia_raw(
     spec: bool = True,
     port_lid: int = 130,
     link_layer: str = "InfiniBand",
-    names: tuple[str, ...] = tuple(f"mlx5_{k}" for k in range(8)),
+    names: tuple[str, ...] = MLX5_NAMES,
     lib: bool = True,
 ) -> dict[str, Any]:
     """collect()'s document for an HGX H200 with ConnectX-7 NICs on InfiniBand."""
