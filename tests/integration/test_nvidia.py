@@ -68,13 +68,21 @@ class Deployment:
         return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])
 
 
+# The lab's SGLang stand-in looks for one provider library file, the bnxt_re one, unless told
+# another: on NVIDIA lab hosts the "image's own" libmlx5 (the lab mounts it into every
+# container, as CUDA images carry it) is named here. A real worker needs no such line;
+# remove it once the stand-in finds the image's providers by glob, as libibverbs does.
+STAND_IN_PROVIDER = "PDFAKE_PROVIDER_LIB=/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so"
+
+
 def lab_spec(image: str) -> str:
     """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
-    (the lab's CPU host has fewer cores). Nothing else changes."""
+    (the lab's CPU host has fewer cores). Nothing else changes (but the stand-in's knob)."""
     text = EXAMPLE.read_text()
     router_cpu = "    resources:\n      cpu: 4\n"
     assert text.count(router_cpu) == 1 and text.count("image: lmsysorg/sglang:v0.5.5\n") == 1
     text = text.replace(router_cpu, "")
+    text = text.replace("  - HF_TOKEN\n", f"  - HF_TOKEN\n  - {STAND_IN_PROVIDER}\n")
     return text.replace("image: lmsysorg/sglang:v0.5.5\n", f"image: {image}\n")
 
 
@@ -247,3 +255,57 @@ def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
         ).stdout.split()
         assert left == ["0", "0"], (node, left)
     assert pdctl_json(nv.lab.home, "fleet", "show", "lab")["services"] == {}
+    pdctl(nv.lab.home, "lab", "down")  # before the mixed lab boots: one lab at a time
+
+
+# ---------------------------------------------------------------- a fleet of both vendors
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """node1 CPU-only, node2 8x MI300X with bnxt_re, node3 8x H200 with mlx5: one fleet."""
+    require_lab()
+    home = tmp_path_factory.mktemp("mixed")
+    up = ("lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "MI300X", "--gpu", "H200")
+    env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
+    try:
+        if pdctl(home, *up, check=False).returncode != 0:
+            pdctl(home, *up)
+        lab = Lab(home)
+        pdctl(home, *lab.status()["fleet_add"].split()[1:])
+        yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
+        for service in ("pdlab", SERVICE):
+            pdctl(home, "destroy", service, "-y", env=env, check=False)
+    finally:
+        pdctl(home, "lab", "down", check=False)
+
+
+def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) -> None:
+    status = mixed.lab.status()
+    assert [h["gpu_model"] for h in status["hosts"]] == [None, "MI300X", "H200"]
+    amd_spec = mixed.lab.home / "amd.yml"
+    amd_spec.write_text((ROOT / "examples" / "lab" / "pd.yml").read_text())
+    nvidia = lab_spec(status["worker_image"]).replace("port: 8000\nmodel:", "port: 8001\nmodel:")
+    mixed.spec.write_text(nvidia + "pdctl:\n  router:\n    metrics_port: 29001\n")
+    amd = mixed.json("deploy", str(amd_spec), "--fleet", "lab", "--allow-partial", "-y")
+    nv = mixed.json("deploy", str(mixed.spec), "--fleet", "lab", "--allow-partial", "-y")
+    for service, doc, node, vendor in (
+        ("pdlab", amd, "node2", "amd"),
+        (SERVICE, nv, "node3", "nvidia"),
+    ):
+        plan = mixed.json("plan", str(amd_spec if vendor == "amd" else mixed.spec), "--fleet",
+                          "lab", "--allow-partial")["plan"]  # fmt: skip
+        slots = [s for group in plan["groups"].values() for s in group["slots"]]
+        assert {mixed.lab.node_at(s["host"]) for s in slots} == {node}, (service, slots)
+        assert {s["vendor"] for s in slots} == {vendor}
+        key = mixed.json("endpoint", service, "--show-key")["api_key"]
+        code, body = chat(doc["endpoint"], f"hello {vendor}", key)
+        assert code == 200 and f"hello {vendor}" in body["choices"][0]["message"]["content"]
+    amd_devices, amd_env, _ = _devices(mixed, "node2", "pd-pdlab-prefill-1")
+    assert "kfd" in amd_devices and not any(re.fullmatch(r"nvidia\d*", d) for d in amd_devices)
+    assert {"renderD128", "renderD131"} <= amd_devices and "ROCR_VISIBLE_DEVICES=0,1,2,3" in amd_env
+    assert "PDCTL_RDMA_DEVICES=bnxt_re0,bnxt_re1,bnxt_re2,bnxt_re3\n" in amd_env
+    nv_devices, nv_env, _ = _devices(mixed, "node3", f"pd-{SERVICE}-prefill-1")
+    assert "kfd" not in nv_devices and not any(d.startswith("renderD") for d in nv_devices)
+    assert {d for d in nv_devices if re.fullmatch(r"nvidia\d+", d)} == {"nvidia0"}
+    assert "UCX_NET_DEVICES=mlx5_0:1\n" in nv_env
