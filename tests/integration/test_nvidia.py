@@ -75,6 +75,17 @@ class Deployment:
 STAND_IN_PROVIDER = "PDFAKE_PROVIDER_LIB=/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so"
 
 
+def chat_when_ready(endpoint: str, text: str, key: str) -> tuple[int, dict[str, Any]]:
+    """A chat once SMG has health-checked the new workers: the example keeps SMG's health
+    check interval (pdctl's default, 10 s), and a registered worker serves after its first."""
+    deadline = time.monotonic() + 90
+    while True:
+        status, body = chat(endpoint, text, key)
+        if status != 503 or time.monotonic() > deadline:
+            return status, body
+        time.sleep(2)
+
+
 def lab_spec(image: str) -> str:
     """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
     (the lab's CPU host has fewer cores). Nothing else changes (but the stand-in's knob)."""
@@ -124,7 +135,7 @@ def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None
 def test_the_smg_example_deploys_and_chats_through_smg(nv: Deployment) -> None:
     doc = nv.json("deploy", str(nv.spec), "--fleet", "lab", "-y")
     assert doc["endpoint"].endswith(":8000")
-    status, body = chat(doc["endpoint"], "hello from an H200", nv.api_key())
+    status, body = chat_when_ready(doc["endpoint"], "hello from an H200", nv.api_key())
     assert status == 200, body
     answer = body["choices"][0]["message"]["content"]
     assert answer.startswith("[decode ") and "hello from an H200" in answer
@@ -176,7 +187,7 @@ def test_scale_out_and_in(nv: Deployment) -> None:
         (gpu,) = [d for d in devices if re.fullmatch(r"nvidia\d+", d)]
         assert (node, gpu) not in seen  # no GPU is handed to two replicas
         seen.add((node, gpu))
-    status, body = chat(nv.status()["endpoint"], "after scaling out", nv.api_key())
+    status, body = chat_when_ready(nv.status()["endpoint"], "after scaling out", nv.api_key())
     assert status == 200 and "after scaling out" in body["choices"][0]["message"]["content"]
     nv.pdctl("scale", SERVICE, "decode", "1")
     deadline = time.monotonic() + 180
@@ -299,7 +310,7 @@ def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) 
         assert {mixed.lab.node_at(s["host"]) for s in slots} == {node}, (service, slots)
         assert {s["vendor"] for s in slots} == {vendor}
         key = mixed.json("endpoint", service, "--show-key")["api_key"]
-        code, body = chat(doc["endpoint"], f"hello {vendor}", key)
+        code, body = chat_when_ready(doc["endpoint"], f"hello {vendor}", key)
         assert code == 200 and f"hello {vendor}" in body["choices"][0]["message"]["content"]
     amd_devices, amd_env, _ = _devices(mixed, "node2", "pd-pdlab-prefill-1")
     assert "kfd" in amd_devices and not any(re.fullmatch(r"nvidia\d*", d) for d in amd_devices)
