@@ -8,6 +8,7 @@ host looks like in hardware.py.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 from collections.abc import Callable, Iterable
@@ -298,8 +299,42 @@ class AddOptions:
     become: bool | None = None
     expect_nics: int | None = None
     expect_gpus: int | None = None
+    gpu_model: str | None = None
+    gpu_vendor: str | None = None
+    nic_driver: str | None = None
+    link_layer: str | None = None
     wheelhouse: str | None = None
     repin: bool = False
+
+
+def gpu_vendor_of(model: str) -> str:
+    """The vendor of a GPU model as dstack spells it: MI300X/MI325X are AMD, the rest NVIDIA."""
+    return "amd" if model.upper().startswith("MI") else "nvidia"
+
+
+def _hardware_updates(options: AddOptions) -> dict[str, Any]:
+    """--gpu, --gpu-vendor, --nic-driver, --link-layer as settings (None: unchanged)."""
+    updates: dict[str, Any] = {
+        "gpu_vendor": options.gpu_vendor,
+        "nic_driver": options.nic_driver,
+        "link_layer": options.link_layer,
+    }
+    if options.gpu_model is not None:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,31}", options.gpu_model):
+            raise InputError(
+                f"--gpu {options.gpu_model!r} is not a GPU model",
+                hint="a model as dstack spells it: H200, H100, A100, MI300X",
+            )
+        updates["gpu_model"] = options.gpu_model
+        updates["gpu_vendor"] = options.gpu_vendor or gpu_vendor_of(options.gpu_model)
+    if options.nic_driver is not None and not re.fullmatch(
+        r"[a-z][a-z0-9_]{0,31}", options.nic_driver
+    ):
+        raise InputError(
+            f"--nic-driver {options.nic_driver!r} is not a driver name",
+            hint="the libibverbs provider's name: bnxt_re, mlx5, irdma, ...",
+        )
+    return updates
 
 
 def _jump_spec(options: AddOptions) -> str | None:
@@ -332,10 +367,17 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
         "expect_nics": options.expect_nics,
         "expect_gpus": options.expect_gpus,
         "wheelhouse": options.wheelhouse,
+        **_hardware_updates(options),
     }
     for key_name, value in updates.items():
         if value is not None:
             setattr(settings, key_name, value)
+    if options.gpu_vendor == "any" and options.gpu_model is None:
+        settings.gpu_model = None  # a mixed fleet: any model, unless --gpu names one
+    try:
+        settings = FleetSettings.model_validate(settings.model_dump())
+    except ValueError as exc:
+        raise InputError(f"fleet settings: {exc}") from exc
     if settings.proxy_jump and settings.identity_file:
         try:
             validate.host_path(settings.identity_file)

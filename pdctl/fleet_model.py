@@ -14,6 +14,11 @@ from pydantic import AfterValidator, BaseModel, Field
 from pdctl import validate
 
 HostKind = Literal["gpu", "cpu", "new"]
+# "any"/"auto": a fleet mixing vendors, each host checked by what it has.
+GpuVendor = Literal["amd", "nvidia", "any"]
+LinkLayer = Literal["eth", "ib", "auto"]
+# The libibverbs provider's name (lib<driver>-rdmav*.so): bnxt_re, mlx5, irdma, ...
+NIC_DRIVER = r"^[a-z][a-z0-9_]{0,31}$"
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -35,6 +40,11 @@ class FleetSettings(BaseModel):
     expect_gpus: int = 8
     expect_nics: int = 8
     gpu_model: str | None = "MI300X"
+    gpu_vendor: GpuVendor = "amd"
+    nic_driver: Annotated[str, Field(pattern=NIC_DRIVER)] = "bnxt_re"
+    link_layer: LinkLayer = "eth"  # RoCE (Ethernet) or InfiniBand
+    # The provider library the worker containers bind-mount (a bnxt_re fleet's); the
+    # preflight finds other drivers' by glob.
     provider_lib: str = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
     gid_index: int = 3
     min_disk_gb: float = 50.0

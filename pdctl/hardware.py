@@ -3,10 +3,11 @@
 One file, three audiences:
 
 * on the host, ``collect()`` runs the hardware tools (``ibv_devices``,
-  ``ibv_devinfo -v``, ``amd-smi``, ``rocm-smi``, ``podman``/``docker``,
-  ``systemctl``) concurrently, reads a few files, tries the rlimit the workers
-  need, probes TCP peers, and returns the raw observations as JSON-serialisable
-  data. It never raises: a missing program is rc 127, a hung one rc 124.
+  ``ibv_devinfo -v``, ``nvidia-smi`` and ``nvidia-ctk`` or ``amd-smi``/``rocm-smi``,
+  ``podman``/``docker``, ``systemctl``) concurrently, reads a few files and the PCI
+  topology in sysfs, tries the rlimit the workers need, probes TCP peers, and returns
+  the raw observations as JSON-serialisable data. It never raises: a missing program
+  is rc 127, a hung one rc 124.
 * pdctl (and the ``pd_preflight`` Ansible role, which links this file in as a
   module_util) turns those observations into a stored summary with ``facts()``
   and into named pass/fail checks with ``evaluate()``.
@@ -18,7 +19,8 @@ So: standard library only, no pdctl imports, and runtime syntax that Python 3.9
 accepts (annotations are strings here, so ``X | None`` in them is fine).
 
 The parsers read the real tools' formats (rdma-core's ``devinfo.c`` and
-``device_list.c``, amd-smi's and rocm-smi's JSON; samples in docs/facts.md) and raise
+``device_list.c``, amd-smi's and rocm-smi's JSON, nvidia-smi's CSV, nvidia-ctk's lists;
+samples in docs/facts.md and tests/data/hardware/) and raise
 ``ParseError`` with what they expected when the text is something else.
 """
 
@@ -39,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +57,22 @@ __all__ = [
     "RdmaDevice",
     "RdmaPort",
     "collect",
+    "dstack_gpu_name",
     "evaluate",
     "facts",
     "main",
+    "normalize_bdf",
     "parse_amd_smi_list",
     "parse_amd_smi_static",
     "parse_ibv_devices",
     "parse_ibv_devinfo",
+    "parse_nvidia_ctk_cdi_list",
+    "parse_nvidia_ctk_version",
+    "parse_nvidia_smi_query",
     "parse_rocm_smi_products",
+    "pci_chain",
     "probe_peer",
+    "provider_driver",
     "provider_warnings",
     "run_command",
 ]
@@ -90,6 +99,15 @@ OS_RELEASE_PATHS = ("/etc/os-release", "/usr/lib/os-release")
 MEMINFO_PATH = "/proc/meminfo"
 KFD_PATH = "/dev/kfd"
 DRI_DIR = "/dev/dri"
+# The topology the NIC affinity comes from (docs/facts.md, "NVIDIA hosts"): a GPU's and an
+# RDMA device's PCI chain is the realpath of these links, its NUMA node the numa_node file.
+SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
+SYSFS_INFINIBAND = "/sys/class/infiniband"
+# Where nvidia-ctk writes the CDI spec (toolkit >= 1.18 also keeps the /var/run one fresh).
+CDI_SPEC_PATHS = ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml")
+CDI_GENERATE = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+NVIDIA_DEV_DIR = "/dev"
+NVIDIA_DEV_GLOB = "nvidia*"
 SYSTEMD_RUN_DIR = "/run/systemd/system"  # exists iff systemd is PID 1 (sd_booted(3))
 MAX_OUTPUT = 1_000_000  # characters kept of one stream
 GIB = 1024**3
@@ -107,6 +125,14 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("systemctl", ("systemctl", "is-system-running")),
 )
 AMD_SMI_LIST = ("amd-smi", "list", "--json")
+NVIDIA_QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "driver_version", "pci.bus_id")
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi",
+    f"--query-gpu={','.join(NVIDIA_QUERY_FIELDS)}",
+    "--format=csv,noheader",
+)
+NVIDIA_CTK_VERSION = ("nvidia-ctk", "--version")
+NVIDIA_CTK_CDI_LIST = ("nvidia-ctk", "cdi", "list")
 ROCM_SMI = ("rocm-smi", "--showproductname", "--json")
 # The call an OCI runtime (crun, runc) makes in a container's init for `--ulimit
 # memlock=-1:-1`, the worker units' RDMA setting: made by a throwaway child, so the probe
@@ -129,6 +155,9 @@ COMMAND_ORDER = (
     "amd_smi_list",
     "amd_smi_static",
     "rocm_smi",
+    "nvidia_smi",
+    "nvidia_ctk_version",
+    "nvidia_ctk_cdi_list",
     "podman_version",
     "docker_version",
     "podman_info",
@@ -140,6 +169,8 @@ CPU_SKIP_MESSAGE = "CPU-only host (router candidate): GPU/RDMA checks skipped"
 CHECK_NAMES = (
     "systemd",
     "gpus",
+    "container_toolkit",
+    "cdi",
     "rdma_devices",
     "rdma_ports",
     "provider_lib",
@@ -153,6 +184,8 @@ CHECK_NAMES = (
 GPU_ONLY_CHECKS = frozenset(
     {"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid", "memlock"}
 )
+# NVIDIA-only checks: AMD GPUs reach containers as plain device nodes, no toolkit or CDI.
+NVIDIA_ONLY_CHECKS = frozenset({"container_toolkit", "cdi"})
 
 
 class ParseError(ValueError):
@@ -290,6 +323,112 @@ def _gpu_commands(timeout: float, env: dict[str, str]) -> dict[str, dict[str, An
     if results["amd_smi_list"]["rc"] != 0 or not listed:
         results["rocm_smi"] = run_command(ROCM_SMI, timeout, env)
     return results
+
+
+def _nvidia_commands(timeout: float, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """nvidia-smi's GPU table, and the container toolkit, only where nvidia-smi is installed."""
+    smi = run_command(NVIDIA_SMI_QUERY, timeout, env)
+    if smi["rc"] == RC_NOT_FOUND:
+        return {}
+    return {
+        "nvidia_smi": smi,
+        "nvidia_ctk_version": run_command(NVIDIA_CTK_VERSION, timeout, env),
+        "nvidia_ctk_cdi_list": run_command(NVIDIA_CTK_CDI_LIST, timeout, env),
+    }
+
+
+# --------------------------------------------------------------------------- PCI topology
+
+_BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def normalize_bdf(text: str) -> str | None:
+    """'00000000:1B:00.0' (nvidia-smi) or '0000:1b:00.0' (sysfs) -> '0000:1b:00.0'."""
+    match = _BDF.match(text.strip())
+    if not match:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def pci_chain(realpath: str | None) -> list[str]:
+    """The PCI addresses from the root port down to the device in a sysfs realpath.
+
+    /sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:1b:00.0 -> [0000:15:01.0,
+    0000:16:00.0, 0000:1b:00.0]; a trailing non-PCI part (an auxiliary device) is dropped.
+    """
+    if not realpath:
+        return []
+    chain = [normalize_bdf(part) for part in realpath.split("/")]
+    return [bdf for bdf in chain if bdf]
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        value = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if value < 0 else value  # numa_node -1: the platform does not say
+
+
+def _sysfs_node(link: Path) -> dict[str, Any]:
+    return {"realpath": os.path.realpath(link), "numa_node": _read_int(link / "numa_node")}
+
+
+def _sysfs(gpu_bdfs: Iterable[str]) -> dict[str, Any]:
+    """Each GPU's and each RDMA device's sysfs PCI path, NUMA node and (NICs) kernel driver."""
+    pci = {}
+    for bdf in gpu_bdfs:
+        link = Path(SYSFS_PCI_DEVICES) / bdf
+        if link.exists():
+            pci[bdf] = _sysfs_node(link)
+    infiniband: dict[str, Any] = {}
+    base = Path(SYSFS_INFINIBAND)
+    for entry in sorted(base.iterdir()) if base.is_dir() else []:
+        device = entry / "device"
+        node: dict[str, Any] = {"realpath": None, "numa_node": None}
+        if device.exists():
+            node = _sysfs_node(device)
+        driver = device / "driver"
+        node["driver"] = driver.readlink().name if driver.is_symlink() else None
+        infiniband[entry.name] = node
+    return {"pci": pci, "infiniband": infiniband}
+
+
+def _gpu_bdfs(commands: dict[str, Any]) -> list[str]:
+    """The GPUs' PCI addresses from whichever GPU tool answered (sysfs is read for these)."""
+    found: list[str] = []
+    smi = commands.get("nvidia_smi")
+    if isinstance(smi, dict) and smi.get("rc") == 0:
+        rows = _safe(lambda: parse_nvidia_smi_query(str(smi.get("stdout") or "")), [])
+        found += [row["pci"] for row in rows if row.get("pci")]
+    amd = commands.get("amd_smi_list")
+    if isinstance(amd, dict) and amd.get("rc") == 0:
+        records = _safe(lambda: parse_amd_smi_list(str(amd.get("stdout") or "")), [])
+        found += [normalize_bdf(str(r.get("bdf") or "")) or "" for r in records]
+    return _unique(bdf for bdf in found if bdf)
+
+
+def _provider_libs() -> dict[str, list[str]]:
+    """Every libibverbs provider library, by the name in lib<name>-rdmav<ABI>.so.
+
+    The ABI suffix follows rdma-core's version (rdmav34, rdmav57, ...), and distributions put
+    the directory in different places: found by glob, never by one file name (docs/facts.md).
+    """
+    found: dict[str, list[str]] = {}
+    for directory in PROVIDER_DIRS:
+        for path in sorted(Path(directory).glob("lib*-rdmav*.so")):
+            match = re.match(r"^lib(.+?)-rdmav\d+\.so$", path.name)
+            if match and path.is_file():
+                found.setdefault(match.group(1), []).append(str(path))
+    return found
+
+
+def _nvidia_files() -> dict[str, Any]:
+    return {
+        "cdi_specs": [p for p in CDI_SPEC_PATHS if Path(p).is_file()],
+        "device_nodes": sorted(str(p) for p in Path(NVIDIA_DEV_DIR).glob(NVIDIA_DEV_GLOB)),
+    }
 
 
 # --------------------------------------------------------------------------- host facts
@@ -441,6 +580,7 @@ def collect(
     for key, argv in COMMANDS:
         jobs[key] = functools.partial(run_command, argv, timeout, env)
     jobs["gpu"] = lambda: _gpu_commands(timeout, env)
+    jobs["nvidia"] = lambda: _nvidia_commands(timeout, env)
     jobs["memlock"] = lambda: _safe(lambda: _memlock(timeout, env), {})
     for runtime in RUNTIMES:
         if shutil.which(runtime, path=search_path):
@@ -472,13 +612,16 @@ def collect(
                 value = future.result()
             except Exception as exc:  # run_command never raises; this is a last resort
                 value = _result([key], RC_NOT_EXECUTABLE, "", f"{key}: {exc}")
-            if key == "gpu" and isinstance(value, dict):
+            if key in ("gpu", "nvidia") and isinstance(value, dict):
                 done.update(value)
             else:
                 done[key] = value
         raw["commands"] = {key: done[key] for key in COMMAND_ORDER if key in done}
         raw["memlock"] = done["memlock"]
         raw["reach"] = [future.result() for future in peer_futures]
+    raw["sysfs"] = _safe(lambda: _sysfs(_gpu_bdfs(done)), {"pci": {}, "infiniband": {}})
+    raw["provider_libs"] = _safe(_provider_libs, {})
+    raw["nvidia_files"] = _safe(_nvidia_files, {"cdi_specs": [], "device_nodes": []})
     raw["elapsed_s"] = round(time.monotonic() - started, 3)
     return raw
 
@@ -501,6 +644,7 @@ class RdmaPort:
     link_layer: str = ""
     active_mtu: int | None = None
     gids: list[Gid] = field(default_factory=list)
+    lid: int | None = None  # port_lid: non-zero once an InfiniBand subnet manager assigned one
 
     def gid(self, index: int) -> Gid | None:
         return next((gid for gid in self.gids if gid.index == index), None)
@@ -576,6 +720,11 @@ def _set_port_field(port: RdmaPort, key: str, value: str) -> None:
     elif key == "active_mtu":
         mtu = _coded(value)[0]
         port.active_mtu = int(mtu) if mtu.isdigit() else None
+    elif key == "port_lid":
+        try:
+            port.lid = int(value, 0)
+        except ValueError:
+            port.lid = None
 
 
 def _devinfo_line(
@@ -735,6 +884,161 @@ def parse_rocm_smi_products(text: str) -> list[str]:
     return names
 
 
+# --------------------------------------------------------------------------- NVIDIA parsers
+
+_NVIDIA_NO_DRIVER = "NVIDIA-SMI has failed"
+_NVIDIA_NO_DEVICE = "No devices were found"
+_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")  # "memory.total [MiB]"
+_MIB = re.compile(r"^(\d+)(?:\s*MiB)?$")
+_NOT_AVAILABLE = ("[N/A]", "N/A", "[Not Supported]")
+
+
+def _nvidia_value(field_name: str, value: str, number: int) -> Any:
+    if value in _NOT_AVAILABLE:
+        return None
+    if field_name == "index":
+        if not value.isdigit():
+            raise ParseError(f"line {number}: expected a GPU index, got {value!r}")
+        return int(value)
+    if field_name == "memory.total":
+        match = _MIB.match(value)
+        if not match:
+            raise ParseError(
+                f"line {number}: expected memory.total as '<N> MiB' or '<N>', got {value!r}"
+            )
+        return int(match.group(1))
+    if field_name == "pci.bus_id":
+        bdf = normalize_bdf(value)
+        if bdf is None:
+            raise ParseError(
+                f"line {number}: expected pci.bus_id like 00000000:1B:00.0, got {value!r}"
+            )
+        return bdf
+    return value
+
+
+def parse_nvidia_smi_query(
+    text: str, fields: Sequence[str] = NVIDIA_QUERY_FIELDS
+) -> list[dict[str, Any]]:
+    """Rows of ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]``.
+
+    One dict per GPU keyed by field name (``pci.bus_id`` also as ``pci``, normalised);
+    memory in MiB with or without the unit; ``[N/A]`` is None; no device is [].
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith(_NVIDIA_NO_DRIVER):
+        raise ParseError(f"nvidia-smi cannot talk to the driver: {_snippet(lines[0])}")
+    if lines and lines[0].startswith(_NVIDIA_NO_DEVICE):
+        return []
+    header = [_HEADER_UNIT.sub("", part.strip()) for part in lines[0].split(",")] if lines else []
+    if header == list(fields):
+        lines = lines[1:]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        parts = [part.strip() for part in line.split(", ")]
+        if len(parts) != len(fields):
+            raise ParseError(
+                f"line {number}: expected {len(fields)} comma-separated values "
+                f"({', '.join(fields)}), got {_snippet(line)!r}"
+            )
+        row = {name: _nvidia_value(name, value, number) for name, value in zip(fields, parts)}  # noqa: B905 - 3.9 has no strict=; lengths checked
+        if "pci.bus_id" in row:
+            row["pci"] = row["pci.bus_id"]
+        rows.append(row)
+    return rows
+
+
+_CDI_NAME = re.compile(r"^([a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*)=(\S+)$")
+_LOG_LINE = re.compile(r"^(INFO|WARN|WARNING|DEBUG)\[\d+\]")
+
+
+def parse_nvidia_ctk_cdi_list(text: str, kind: str = "nvidia.com/gpu") -> list[str]:
+    """Device names of KIND from ``nvidia-ctk cdi list`` ('nvidia.com/gpu=0' -> '0').
+
+    Its 'INFO[0000] Found N CDI devices' log line (stderr, sometimes merged) is skipped.
+    """
+    names = []
+    for number, raw_line in enumerate(text.splitlines(), 1):
+        line = raw_line.strip()
+        if not line or _LOG_LINE.match(line):
+            continue
+        match = _CDI_NAME.match(line)
+        if not match:
+            raise ParseError(
+                f"line {number}: expected a CDI device name like nvidia.com/gpu=0, "
+                f"got {_snippet(line)!r}"
+            )
+        if match.group(1) == kind:
+            names.append(match.group(2))
+    return names
+
+
+def parse_nvidia_ctk_version(text: str) -> str:
+    """'NVIDIA Container Toolkit CLI version 1.17.8' (first line of --version) -> '1.17.8'."""
+    match = re.search(r"\bversion\s+v?(\d+\.\d+[^\s]*)", text)
+    if not match:
+        raise ParseError(
+            "expected 'NVIDIA Container Toolkit CLI version X.Y.Z' from nvidia-ctk --version, "
+            f"got {_snippet(text)!r}"
+        )
+    return match.group(1)
+
+
+def dstack_gpu_name(name: str) -> str:
+    """A GPU's model as dstack spells it: 'NVIDIA H100 80GB HBM3' -> 'H100',
+    'NVIDIA A100-SXM4-80GB' -> 'A100', 'AMD Instinct MI300X' -> 'MI300X'."""
+    amd = re.search(r"\b(MI\d{3}[A-Z]?)\b", name, re.IGNORECASE)
+    if amd:
+        return amd.group(1).upper()
+    words = re.sub(r"^(NVIDIA|Tesla|AMD|Radeon|Instinct)\s+", "", name.strip(), flags=re.I)
+    words = re.sub(r"^(NVIDIA|Tesla|GeForce|Quadro)\s+", "", words, flags=re.I)
+    parts = re.split(r"[\s-]+", words)
+    if len(parts) > 1 and parts[0].upper() in ("RTX", "GTX") and parts[1]:
+        return parts[0].upper() + parts[1].upper()  # "RTX 4090" -> "RTX4090"
+    model = parts[0] if parts and parts[0] else name.strip()
+    if len(parts) > 1 and parts[1].upper() == "NVL":
+        return model + "NVL"
+    return model
+
+
+# Kernel driver of an RDMA device's PCI function -> the libibverbs provider's name (the
+# <name> in lib<name>-rdmav*.so, which pdctl calls the NIC driver).
+_PROVIDERS = {
+    "mlx5_core": "mlx5",
+    "mlx5_ib": "mlx5",
+    "mlx4_core": "mlx4",
+    "mlx4_ib": "mlx4",
+    "bnxt_en": "bnxt_re",
+    "bnxt_re": "bnxt_re",
+    "ice": "irdma",
+    "i40e": "irdma",
+    "irdma": "irdma",
+    "qede": "qedr",
+    "qedr": "qedr",
+    "hns3": "hns",
+    "hns_roce_hw_v2": "hns",
+    "mana": "mana",
+    "mana_ib": "mana",
+    "ionic": "ionic",
+    "ionic_rdma": "ionic",
+}
+
+
+_NAMED_AFTER_DRIVER = re.compile(
+    r"^(mlx5|mlx4|bnxt_re|irdma|qedr|efa|erdma|hns|mana|rxe|siw)_?\d+$"
+)
+
+
+def provider_driver(kernel_driver: str | None, device_name: str = "") -> str | None:
+    """The NIC driver name pdctl uses (mlx5, bnxt_re, ...): from the kernel driver sysfs shows,
+    else guessed from a device named after it (mlx5_0, bnxt_re3); None for names udev chose
+    (rocep1s0f1) without sysfs."""
+    if kernel_driver:
+        return _PROVIDERS.get(kernel_driver, kernel_driver)
+    match = _NAMED_AFTER_DRIVER.match(device_name)
+    return match.group(1) if match else None
+
+
 # --------------------------------------------------------------------------- interpretation
 
 
@@ -806,17 +1110,100 @@ class _View:
     warnings: list[str]
     runtime: dict[str, Any]
     runtime_error: str | None
+    nvidia: dict[str, Any] | None = None  # None: no nvidia-smi on this host
+    sysfs: dict[str, Any] = field(default_factory=dict)
+    provider_libs: dict[str, list[str]] = field(default_factory=dict)
+
+    def nic(self, name: str) -> dict[str, Any]:
+        """What sysfs says of RDMA device NAME ({} when it does not show it)."""
+        return _dict(_dict(self.sysfs.get("infiniband")).get(name))
+
+    def nic_driver(self, name: str) -> str | None:
+        return provider_driver(self.nic(name).get("driver"), name)
+
+
+def _nvidia_gpus(raw: dict[str, Any], errors: list[str]) -> dict[str, Any] | None:
+    """GPUs as nvidia-smi lists them; None when nvidia-smi is not installed."""
+    smi = _command(raw, "nvidia_smi")
+    if smi is None or smi["rc"] == RC_NOT_FOUND:
+        return None
+    gpus: dict[str, Any] = {"count": 0, "model": None, "source": "nvidia-smi", "bdfs": []}
+    gpus.update(vendor="nvidia", devices=[], memory_mib=None, driver=None)
+    if smi["rc"] != 0:  # no driver: nvidia-smi says so on stdout and exits 9
+        why = _snippet(smi["stdout"] or smi["stderr"], 110)
+        errors.append(f"{_label(smi)} exited {smi['rc']}: {why}")
+        return gpus
+    rows = _parse(smi, parse_nvidia_smi_query, errors) or []
+    rows = sorted(rows, key=lambda r: r.get("index") if isinstance(r.get("index"), int) else -1)
+    memories = [r["memory.total"] for r in rows if isinstance(r.get("memory.total"), int)]
+    gpus.update(
+        count=len(rows),
+        model=_model([str(r.get("name") or "") for r in rows if r.get("name")]),
+        bdfs=[r["pci"] for r in rows if r.get("pci")],
+        devices=[
+            {
+                "index": r.get("index"),
+                "pci": r.get("pci"),
+                "memory_mib": r.get("memory.total"),
+                "uuid": r.get("uuid"),
+            }
+            for r in rows
+        ],
+        memory_mib=min(memories) if memories else None,
+        driver=next((str(r["driver_version"]) for r in rows if r.get("driver_version")), None),
+    )
+    return gpus
+
+
+def _nvidia_view(raw: dict[str, Any], errors: list[str]) -> dict[str, Any] | None:
+    """The NVIDIA driver, container toolkit and CDI spec; None without nvidia-smi."""
+    smi = _command(raw, "nvidia_smi")
+    if smi is None or smi["rc"] == RC_NOT_FOUND:
+        return None
+    version_cmd, cdi_cmd = _command(raw, "nvidia_ctk_version"), _command(raw, "nvidia_ctk_cdi_list")
+    files = _dict(raw.get("nvidia_files"))
+    specs = [str(p) for p in files.get("cdi_specs") or [] if isinstance(p, str)]
+    return {
+        "driver_loaded": smi["rc"] == 0,
+        "ctk_installed": _installed(version_cmd),
+        "ctk_version": _parse(version_cmd, parse_nvidia_ctk_version, errors),
+        "cdi_devices": _parse(cdi_cmd, parse_nvidia_ctk_cdi_list, errors),
+        "cdi_spec": specs[0] if specs else None,
+        "device_nodes": [str(p) for p in files.get("device_nodes") or []],
+    }
+
+
+def _amd_devices(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    devices = []
+    for position, record in enumerate(records):
+        index = record.get("gpu")
+        devices.append(
+            {
+                "index": index
+                if isinstance(index, int) and not isinstance(index, bool)
+                else position,
+                "pci": normalize_bdf(str(record.get("bdf") or "")),
+                "memory_mib": None,
+                "uuid": str(record["uuid"]) if isinstance(record.get("uuid"), str) else None,
+            }
+        )
+    return sorted(devices, key=lambda d: d["index"])
 
 
 def _gpu_view(raw: dict[str, Any], errors: list[str]) -> tuple[dict[str, Any], bool]:
     amd_list, amd_static = _command(raw, "amd_smi_list"), _command(raw, "amd_smi_static")
     rocm = _command(raw, "rocm_smi")
     records = _parse(amd_list, parse_amd_smi_list, errors)
+    nvidia = _nvidia_gpus(raw, errors)
+    if nvidia is not None and (nvidia["count"] or not records):
+        return nvidia, True
     gpus: dict[str, Any] = {"count": 0, "model": None, "source": None, "bdfs": []}
+    gpus.update(vendor=None, devices=[], memory_mib=None, driver=None)
     if records:
         names = _parse(amd_static, parse_amd_smi_static, errors)
         bdfs = [str(r["bdf"]) for r in records if isinstance(r.get("bdf"), str)]
         gpus.update(count=len(records), model=_model(names or []), source="amd-smi", bdfs=bdfs)
+        gpus.update(vendor="amd", devices=_amd_devices(records))
         return gpus, True
     series = _parse(rocm, parse_rocm_smi_products, errors)
     if rocm is not None and rocm["rc"] == 0:
@@ -827,7 +1214,10 @@ def _gpu_view(raw: dict[str, Any], errors: list[str]) -> tuple[dict[str, Any], b
             if line.strip().startswith("ERROR")
         ]
     if series:
-        gpus.update(count=len(series), model=_model(series), source="rocm-smi")
+        gpus.update(count=len(series), model=_model(series), source="rocm-smi", vendor="amd")
+        gpus["devices"] = [
+            {"index": i, "pci": None, "memory_mib": None, "uuid": None} for i in range(len(series))
+        ]
     elif records is not None:
         gpus["source"] = "amd-smi"
     elif series is not None:
@@ -912,7 +1302,11 @@ def _view(raw: dict[str, Any]) -> _View:
     runtime, runtime_error = _runtime_view(raw)
     if runtime["name"] and runtime_error:
         errors.append(f"{runtime['name']} info: {runtime_error}")
+    libs = _dict(raw.get("provider_libs"))
     return _View(
+        nvidia=_nvidia_view(raw, errors),
+        sysfs=_dict(raw.get("sysfs")),
+        provider_libs={str(k): [str(p) for p in v] for k, v in libs.items() if isinstance(v, list)},
         errors=errors,
         gpus=gpus,
         gpu_tools=gpu_tools,
@@ -922,6 +1316,48 @@ def _view(raw: dict[str, Any]) -> _View:
         runtime=runtime,
         runtime_error=runtime_error,
     )
+
+
+def _topology(node: dict[str, Any]) -> dict[str, Any]:
+    realpath = node.get("realpath") if isinstance(node.get("realpath"), str) else None
+    chain = pci_chain(realpath)
+    numa = node.get("numa_node")
+    return {
+        "pci": chain[-1] if chain else None,
+        "numa": numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
+        "pci_path": chain,
+    }
+
+
+def _nic_facts(view: _View, name: str) -> dict[str, Any]:
+    return {"driver": view.nic_driver(name), **_topology(view.nic(name))}
+
+
+def _gpu_device_facts(view: _View) -> list[dict[str, Any]]:
+    pci = _dict(view.sysfs.get("pci"))
+    devices = []
+    for device in view.gpus.get("devices") or []:
+        node = _dict(pci.get(device.get("pci") or ""))
+        topology = _topology(node)
+        devices.append(
+            {
+                "index": device.get("index"),
+                "pci": device.get("pci"),
+                "numa": topology["numa"],
+                "memory_mib": device.get("memory_mib"),
+                "uuid": device.get("uuid"),
+                "pci_path": topology["pci_path"],
+            }
+        )
+    return devices
+
+
+def _provider_lib_fact(raw: dict[str, Any], view: _View, devices: list[dict[str, Any]]) -> bool:
+    """The configured provider library exists, or every present device's driver has one."""
+    if _dict(raw.get("provider_lib")).get("exists") is True:
+        return True
+    drivers = {d.get("driver") for d in devices}
+    return bool(devices) and all(d and view.provider_libs.get(d) for d in drivers)
 
 
 def _device_facts(view: _View) -> list[dict[str, Any]]:
@@ -944,7 +1380,7 @@ def _device_facts(view: _View) -> list[dict[str, Any]]:
     ]
     known = {dev["name"] for dev in devices}
     devices += [{"name": n, "ports": []} for n in view.listed or [] if n not in known]
-    return devices
+    return [{**device, **_nic_facts(view, str(device["name"]))} for device in devices]
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -958,8 +1394,10 @@ def facts(raw: dict[str, Any]) -> dict[str, Any]:
         view = _view(raw)
     except Exception as exc:  # a raw document no collect() wrote
         view = _View([f"unreadable observations: {exc}"], {}, False, None, None, [], {}, None)
+    gpus = view.gpus
+    devices = _device_facts(view)
+    nvidia = view.nvidia
     os_release, storage = _dict(raw.get("os")), _dict(raw.get("storage"))
-    provider = _dict(raw.get("provider_lib"))
     render_nodes = raw.get("render_nodes")
     cpus = raw.get("cpus")
     return {
@@ -977,17 +1415,32 @@ def facts(raw: dict[str, Any]) -> dict[str, Any]:
         "systemd": raw.get("systemd") is True,
         "python": str(raw.get("python") or ""),
         "gpus": {
-            "count": view.gpus.get("count", 0),
-            "model": view.gpus.get("model"),
-            "source": view.gpus.get("source"),
-            "bdfs": view.gpus.get("bdfs", []),
+            "count": gpus.get("count", 0),
+            "model": dstack_gpu_name(str(gpus["model"])) if gpus.get("model") else None,
+            "vendor": gpus.get("vendor"),
+            "memory_mib": gpus.get("memory_mib"),
+            "driver": gpus.get("driver"),
+            "source": gpus.get("source"),
+            "bdfs": gpus.get("bdfs", []),
+            "devices": _gpu_device_facts(view),
         },
         "kfd": raw.get("kfd") is True,
         "render_nodes": len(render_nodes) if isinstance(render_nodes, list) else 0,
         "rdma": {
-            "devices": _device_facts(view),
-            "provider_lib": provider.get("exists") is True,
+            "devices": devices,
+            "provider_libs": {
+                name: paths[0] for name, paths in view.provider_libs.items() if paths
+            },
+            "provider_lib": _provider_lib_fact(raw, view, devices),
             "warnings": view.warnings,
+        },
+        "nvidia": None
+        if nvidia is None
+        else {
+            "driver_loaded": nvidia["driver_loaded"],
+            "ctk_version": nvidia["ctk_version"],
+            "cdi_devices": nvidia["cdi_devices"] or [],
+            "cdi_spec": nvidia["cdi_spec"],
         },
         "runtime": {
             "name": view.runtime.get("name"),
@@ -1001,6 +1454,15 @@ def facts(raw: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- checks
 
 
+# "any", "auto": a fleet that mixes vendors; each host is checked by what it has (_resolve).
+GPU_VENDORS = ("amd", "nvidia", "any")
+LINK_LAYERS = ("eth", "ib", "auto")
+AUTO_NIC_DRIVER = "auto"
+# The NICs such servers usually carry: what a mixed fleet's host without a NIC is told to have.
+USUAL_NIC_DRIVER = {"amd": "bnxt_re", "nvidia": "mlx5"}
+_LINK_LAYER_NAMES = {"eth": "Ethernet", "ib": "InfiniBand"}
+
+
 @dataclass
 class Expectations:
     """What a host of a fleet must have; kind "cpu" hosts skip the GPU/RDMA checks."""
@@ -1009,14 +1471,25 @@ class Expectations:
     gpus: int = 8
     gpu_model: str | None = "MI300X"
     nics: int = 8
-    nic_prefix: str = "bnxt_re"
+    # Device names the NICs usually have (bnxt_re0.., mlx5_0..); None: from nic_driver.
+    nic_prefix: str | None = None
     provider_lib: str = DEFAULT_PROVIDER_LIB
     gid_index: int = 3
     min_disk_gb: float = 50.0
+    gpu_vendor: str = "amd"  # "amd" | "nvidia" | "any"
+    # The libibverbs provider's name: bnxt_re, mlx5, irdma, ...; "auto": the host's own.
+    nic_driver: str = "bnxt_re"
+    link_layer: str = "eth"  # "eth" (RoCE) | "ib" (InfiniBand) | "auto" (the host's own)
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "cpu"):
             raise ValueError(f"Expectations.kind must be 'gpu' or 'cpu', got {self.kind!r}")
+        if self.gpu_vendor not in GPU_VENDORS:
+            raise ValueError(f"Expectations.gpu_vendor must be one of {GPU_VENDORS}")
+        if self.link_layer not in LINK_LAYERS:
+            raise ValueError(f"Expectations.link_layer must be one of {LINK_LAYERS}")
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", self.nic_driver):
+            raise ValueError(f"Expectations.nic_driver is not a driver name: {self.nic_driver!r}")
 
 
 @dataclass
@@ -1031,18 +1504,34 @@ class Check:
         return asdict(self)
 
 
+def _prefix(expect: Expectations) -> str:
+    """bnxt_re -> bnxt_re (bnxt_re0..), mlx5 -> mlx5_ (mlx5_0..)."""
+    if expect.nic_prefix:
+        return expect.nic_prefix
+    driver = expect.nic_driver
+    return f"{driver}_" if driver[-1:].isdigit() else driver
+
+
 def _expected_nics(expect: Expectations) -> list[str]:
-    return [f"{expect.nic_prefix}{i}" for i in range(expect.nics)]
+    return [f"{_prefix(expect)}{i}" for i in range(expect.nics)]
 
 
 def _nic_range(expect: Expectations) -> str:
     if expect.nics == 1:
-        return f"{expect.nic_prefix}0"
-    return f"{expect.nic_prefix}0..{expect.nic_prefix}{expect.nics - 1}"
+        return f"{_prefix(expect)}0"
+    return f"{_prefix(expect)}0..{_prefix(expect)}{expect.nics - 1}"
 
 
 def _driver(expect: Expectations) -> str:
-    return expect.nic_prefix.rstrip("_0123456789") or expect.nic_prefix
+    return expect.nic_driver
+
+
+def _fleet_nics(view: _View, expect: Expectations) -> list[str]:
+    """The present RDMA devices of the fleet's NIC driver: by the kernel driver sysfs shows
+    (so udev names like rocep1s0f1 count), else by their name; the usual names first."""
+    usual = _expected_nics(expect)
+    mine = [name for name in _present(view) if view.nic_driver(name) == expect.nic_driver]
+    return sorted(mine, key=lambda n: (usual.index(n) if n in usual else len(usual), n))
 
 
 def _provider_stem(path: str) -> str:
@@ -1052,8 +1541,7 @@ def _provider_stem(path: str) -> str:
 
 
 def _relevant_warnings(view: _View, expect: Expectations) -> list[str]:
-    stem = _provider_stem(expect.provider_lib)
-    return [w for w in view.warnings if stem in w]
+    return [w for w in view.warnings if expect.nic_driver in w]
 
 
 def _warning_detail(warning: str) -> str:
@@ -1093,11 +1581,16 @@ def _check_systemd(host: str, raw: dict[str, Any]) -> Check:
     return Check("systemd", False, f"{host}: systemd reports {state!r}; {hint}")
 
 
-def _check_gpus(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+def _check_amd_gpus(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
     gpus, count = view.gpus, int(view.gpus.get("count") or 0)
     source, model = gpus.get("source") or "amd-smi", gpus.get("model")
     want = f"{expect.gpus} {expect.gpu_model or 'AMD'} GPU{'s' if expect.gpus != 1 else ''}"
-    if raw.get("kfd") is not True:
+    if gpus.get("vendor") == "nvidia" and count:
+        problem = (
+            f"the GPUs are {model} ({source}), expected {want}; put this host in a fleet for "
+            "NVIDIA GPUs (pdctl fleet add --gpu MODEL)"
+        )
+    elif raw.get("kfd") is not True:
         problem = (
             "/dev/kfd is missing, so the amdgpu driver is not loaded; load it (modprobe amdgpu) "
             "and check dmesg | grep -i amdgpu"
@@ -1141,6 +1634,136 @@ def _check_gpus(host: str, raw: dict[str, Any], view: _View, expect: Expectation
     return Check("gpus", False, f"{host}: {problem}")
 
 
+def _check_nvidia_gpus(host: str, view: _View, expect: Expectations) -> Check:
+    gpus, count, nvidia = view.gpus, int(view.gpus.get("count") or 0), view.nvidia
+    model = gpus.get("model")
+    want = f"{expect.gpus} {expect.gpu_model or 'NVIDIA'} GPU{'s' if expect.gpus != 1 else ''}"
+    if nvidia is None:
+        if gpus.get("vendor") == "amd" and count:
+            problem = (
+                f"the GPUs are {model} ({gpus.get('source')}), expected {want}; put this host in "
+                "a fleet for AMD GPUs (pdctl fleet add --gpu MI300X)"
+            )
+        else:
+            problem = (
+                "nvidia-smi is not installed, so the NVIDIA driver is not either; install the "
+                "driver (its utilities ship nvidia-smi) and reboot"
+            )
+    elif not nvidia["driver_loaded"]:
+        why = next((e for e in view.errors if e.startswith("nvidia-smi")), "nvidia-smi failed")
+        problem = (
+            f"the NVIDIA driver is not loaded ({_clip(why, 140)}); load it (modprobe nvidia, "
+            "dmesg | grep -i nvrm) or reinstall the driver for this kernel"
+        )
+    elif count > expect.gpus:
+        problem = f"nvidia-smi lists {count} GPUs, expected {want}; see nvidia-smi -L"
+    elif count < expect.gpus:
+        problem = (
+            f"nvidia-smi lists {count} GPU{'s' if count != 1 else ''}, expected {want}; find the "
+            "missing one with nvidia-smi -L and dmesg | grep -i -e nvrm -e xid (a GPU that "
+            "falls off the bus drops out of the list)"
+        )
+    elif expect.gpu_model and not model:
+        problem = f"could not read the GPU model (expected {expect.gpu_model}); run nvidia-smi -L"
+    elif expect.gpu_model and expect.gpu_model.lower() not in str(model).lower():
+        problem = (
+            f"the GPUs are {model}, expected {expect.gpu_model}; put this host in a fleet for "
+            "its GPU model or change the fleet's gpu_model"
+        )
+    else:
+        driver = gpus.get("driver") or "unknown"
+        return Check("gpus", True, f"{host}: {count} x {model} (nvidia-smi, driver {driver})")
+    return Check("gpus", False, f"{host}: {problem}")
+
+
+def _check_gpus(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
+    if expect.gpu_vendor == "nvidia":
+        return _check_nvidia_gpus(host, view, expect)
+    return _check_amd_gpus(host, raw, view, expect)
+
+
+_TOOLKIT_FIX = (
+    "install the NVIDIA Container Toolkit (apt install nvidia-container-toolkit, or dnf install "
+    f"nvidia-container-toolkit), then {CDI_GENERATE}"
+)
+
+
+def _check_container_toolkit(host: str, raw: dict[str, Any], view: _View) -> Check:
+    nvidia = view.nvidia or {}
+    if not nvidia.get("ctk_installed"):
+        return Check(
+            "container_toolkit",
+            False,
+            f"{host}: nvidia-ctk is not installed, so containers cannot get the GPUs through "
+            f"CDI; {_TOOLKIT_FIX}",
+        )
+    version = nvidia.get("ctk_version")
+    if version is None:
+        cmd = _command(raw, "nvidia_ctk_version")
+        why = _stderr_summary(cmd) if cmd else "no output"
+        return Check(
+            "container_toolkit",
+            False,
+            f"{host}: nvidia-ctk --version failed ({_clip(why, 100)}); reinstall the NVIDIA "
+            "Container Toolkit",
+        )
+    return Check("container_toolkit", True, f"{host}: NVIDIA Container Toolkit {version}")
+
+
+def _check_cdi(host: str, raw: dict[str, Any], view: _View) -> Check:
+    nvidia = view.nvidia or {}
+    if not nvidia.get("ctk_installed"):
+        return Check(
+            "cdi",
+            False,
+            f"{host}: cannot list CDI devices without nvidia-ctk; fix container_toolkit first",
+        )
+    spec = nvidia.get("cdi_spec")
+    if spec is None:
+        return Check(
+            "cdi",
+            False,
+            f"{host}: no CDI spec for the GPUs ({' and '.join(CDI_SPEC_PATHS)} are missing), so "
+            f"podman cannot resolve --device nvidia.com/gpu=N; generate it: {CDI_GENERATE}",
+        )
+    listed = nvidia.get("cdi_devices")
+    if listed is None:
+        cmd = _command(raw, "nvidia_ctk_cdi_list")
+        why = _stderr_summary(cmd) if cmd else "no output"
+        return Check(
+            "cdi",
+            False,
+            f"{host}: nvidia-ctk cdi list failed ({_clip(why, 100)}); regenerate the spec: "
+            f"{CDI_GENERATE}",
+        )
+    gpus = [d for d in view.gpus.get("devices") or [] if view.gpus.get("vendor") == "nvidia"]
+    names = set(listed)
+    missing = [
+        str(d["index"]) for d in gpus if str(d["index"]) not in names or d.get("uuid") not in names
+    ]
+    indexes = {str(d["index"]) for d in gpus}
+    stale = sorted((n for n in names if n.isdigit() and n not in indexes), key=int)
+    if missing or stale:
+        parts = []
+        if missing:
+            parts.append(f"does not list GPU {_named_list(missing)} (by index and UUID)")
+        if stale:
+            parts.append(f"lists GPU {_named_list(stale)} that nvidia-smi does not show")
+        return Check(
+            "cdi",
+            False,
+            f"{host}: the CDI spec {spec} {' and '.join(parts)}; regenerate it after every "
+            f"driver or GPU change: {CDI_GENERATE}",
+        )
+    return Check(
+        "cdi",
+        True,
+        f"{host}: CDI spec {spec} lists all {len(gpus)} GPUs (nvidia.com/gpu=0..{len(gpus) - 1})"
+        if gpus
+        else f"{host}: CDI spec {spec} present",
+    )
+
+
 def _present(view: _View) -> list[str]:
     names = list(view.listed or [])
     names += [dev.name for dev in view.devinfo or [] if dev.name not in names]
@@ -1165,12 +1788,23 @@ def _check_rdma_devices(host: str, raw: dict[str, Any], view: _View, expect: Exp
             "rdma_devices",
             False,
             f"{host}: {_clip(why, 140)}; load the RDMA stack (modprobe {_driver(expect)} "
-            "ib_uverbs) and check dmesg | grep bnxt",
+            f"ib_uverbs) and check dmesg | grep {_driver(expect).split('_')[0]}",
         )
-    listed = set(view.listed or [])
-    missing = [name for name in expected if name not in listed]
-    if not missing:
+    mine = _fleet_nics(view, expect)
+    if mine[: len(expected)] == expected:
         return Check("rdma_devices", True, f"{host}: ibv_devices lists {_nic_range(expect)}")
+    if len(mine) >= expect.nics:
+        return Check(
+            "rdma_devices",
+            True,
+            f"{host}: ibv_devices lists {len(mine)} {_driver(expect)} devices "
+            f"({_named_list(mine, 16)})",
+        )
+    listed = set(mine)
+    missing = [name for name in expected if name not in listed][: expect.nics - len(mine)]
+    others = sorted(
+        {d for d in (view.nic_driver(n) for n in _present(view)) if d and d != expect.nic_driver}
+    )
     if _relevant_warnings(view, expect):
         fix = (
             f"libibverbs could not load its {_provider_stem(expect.provider_lib)} provider "
@@ -1181,6 +1815,11 @@ def _check_rdma_devices(host: str, raw: dict[str, Any], view: _View, expect: Exp
             f"check that the {_driver(expect)} driver is loaded and the NIC is cabled "
             f"(ibv_devices, dmesg | grep {_driver(expect).split('_')[0]})"
         )
+    if others:
+        fix += (
+            f"; this host has {_named_list(others)} devices instead: if that is right, set the "
+            f"fleet's NIC driver (pdctl fleet add ... --nic-driver {others[0]})"
+        )
     return Check(
         "rdma_devices",
         False,
@@ -1189,7 +1828,7 @@ def _check_rdma_devices(host: str, raw: dict[str, Any], view: _View, expect: Exp
     )
 
 
-def _port_problem(view: _View, name: str) -> tuple[str, str, str] | None:
+def _port_problem(view: _View, name: str, link_layer: str) -> tuple[str, str, str] | None:
     device = next((dev for dev in view.devinfo or [] if dev.name == name), None)
     if device is None:
         return name, "is missing from ibv_devinfo", ""
@@ -1198,15 +1837,17 @@ def _port_problem(view: _View, name: str) -> tuple[str, str, str] | None:
         return name, "has no port 1 in ibv_devinfo", ""
     if port.state != "PORT_ACTIVE":
         return name, f"port 1 is {port.state} ({port.state_code})", ""
-    if port.link_layer != "Ethernet":
+    want = _LINK_LAYER_NAMES[link_layer]
+    if port.link_layer != want:
         layer = port.link_layer or "not shown"
-        return name, f"port 1 link_layer is {layer}, expected Ethernet", ""
+        return name, f"port 1 link_layer is {layer}, expected {want}", ""
+    if link_layer == "ib" and not port.lid:
+        return name, "port 1 has no LID (port_lid 0)", ""
     return None
 
 
 def _check_rdma_ports(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
-    present = set(_present(view))
-    names = [name for name in _expected_nics(expect) if name in present]
+    names = _fleet_nics(view, expect)
     if not _expected_nics(expect):
         return Check("rdma_ports", True, f"{host}: no RDMA NIC expected")
     cmd = _command(raw, "ibv_devinfo")
@@ -1221,7 +1862,7 @@ def _check_rdma_ports(host: str, raw: dict[str, Any], view: _View, expect: Expec
         return Check(
             "rdma_ports",
             False,
-            f"{host}: no {expect.nic_prefix} device to check ports on; fix rdma_devices first",
+            f"{host}: no {_driver(expect)} device to check ports on; fix rdma_devices first",
         )
     if view.devinfo is None and cmd is not None:
         why = next((e for e in view.errors if e.startswith("ibv_devinfo")), _stderr_summary(cmd))
@@ -1230,31 +1871,54 @@ def _check_rdma_ports(host: str, raw: dict[str, Any], view: _View, expect: Expec
             False,
             f"{host}: cannot read port states: {_clip(why, 150)}; run ibv_devinfo -v to see why",
         )
-    problems = [p for p in (_port_problem(view, name) for name in names) if p]
+    layer = _LINK_LAYER_NAMES[expect.link_layer]
+    problems = [p for p in (_port_problem(view, n, expect.link_layer) for n in names) if p]
     if not problems:
+        lids = ", LID assigned" if expect.link_layer == "ib" else ""
         return Check(
             "rdma_ports",
             True,
-            f"{host}: port 1 is PORT_ACTIVE (Ethernet) on {len(names)} {expect.nic_prefix} devices",
+            f"{host}: port 1 is PORT_ACTIVE ({layer}{lids}) on {len(names)} {_driver(expect)} "
+            "devices",
         )
-    return Check(
-        "rdma_ports",
-        False,
-        f"{host}: {_grouped(problems)}; bring the links up (cables, switch ports, "
-        "ip link; ibv_devinfo -d DEV)",
-    )
+    fix = "bring the links up (cables, switch ports, ip link; ibv_devinfo -d DEV)"
+    if any("link_layer" in issue for _, issue, _ in problems):
+        fix = (
+            f"the fleet expects {layer}: set the fleet's link layer (pdctl fleet add ... "
+            "--link-layer ib|eth) or switch the port's mode (mlxconfig LINK_TYPE_P1)"
+        )
+    elif any("LID" in issue for _, issue, _ in problems):
+        fix = (
+            "an InfiniBand port gets its LID from the subnet manager: run one (opensm) or "
+            "check the switch's SM (sminfo, ibstat)"
+        )
+    return Check("rdma_ports", False, f"{host}: {_grouped(problems)}; {fix}")
+
+
+_PROVIDER_FIX = (
+    "install rdma-core's provider libraries (apt install ibverbs-providers, or dnf install "
+    "libibverbs)"
+)
+
+
+def _provider_label(expect: Expectations) -> str:
+    if expect.nic_driver == "bnxt_re":
+        return "Broadcom's RoCE provider library"
+    return f"the {expect.nic_driver} provider library"
 
 
 def _check_provider_lib(host: str, raw: dict[str, Any], view: _View, expect: Expectations) -> Check:
     provider = _dict(raw.get("provider_lib"))
     path = str(provider.get("path") or expect.provider_lib)
+    if _provider_stem(path) != expect.nic_driver:
+        return _check_provider_glob(host, view, expect)
     soname = Path(path).name
     exists = provider.get("exists") is True
     relevant = _relevant_warnings(view, expect)
     if relevant:
         detail = _clip(_warning_detail(relevant[0]), 90)
         fix = (
-            f"{path} is missing: install Broadcom's RoCE provider library ({soname}) there"
+            f"{path} is missing: install {_provider_label(expect)} ({soname}) there"
             if not exists
             else f"{path} exists but does not suit this libibverbs/kernel: install the matching one"
         )
@@ -1263,10 +1927,11 @@ def _check_provider_lib(host: str, raw: dict[str, Any], view: _View, expect: Exp
         )
     if not exists:
         elsewhere = [str(p) for p in provider.get("elsewhere") or []]
+        elsewhere += [p for p in view.provider_libs.get(expect.nic_driver, []) if p != path]
         fix = (
             f"it is at {elsewhere[0]}: set provider_lib to that path"
             if elsewhere
-            else f"install Broadcom's RoCE provider library ({soname}) there"
+            else f"install {_provider_label(expect)} ({soname}) there"
         )
         return Check(
             "provider_lib",
@@ -1275,6 +1940,29 @@ def _check_provider_lib(host: str, raw: dict[str, Any], view: _View, expect: Exp
             f"there); {fix}",
         )
     return Check("provider_lib", True, f"{host}: {soname} present at {path}")
+
+
+def _check_provider_glob(host: str, view: _View, expect: Expectations) -> Check:
+    """The fleet's provider by glob in every provider directory (no path configured for it)."""
+    pattern = f"lib{expect.nic_driver}-rdmav*.so"
+    relevant = _relevant_warnings(view, expect)
+    found = view.provider_libs.get(expect.nic_driver, [])
+    if relevant:
+        detail = _clip(_warning_detail(relevant[0]), 90)
+        return Check(
+            "provider_lib",
+            False,
+            f"{host}: libibverbs could not load its {expect.nic_driver} provider: {detail}; "
+            f"{_PROVIDER_FIX}",
+        )
+    if not found:
+        return Check(
+            "provider_lib",
+            False,
+            f"{host}: no {pattern} in {' or '.join(PROVIDER_DIRS[:2])} (libibverbs' "
+            f"{expect.nic_driver} provider, without which no device shows); {_PROVIDER_FIX}",
+        )
+    return Check("provider_lib", True, f"{host}: {Path(found[0]).name} present at {found[0]}")
 
 
 def _gid_problem(view: _View, name: str, index: int) -> tuple[str, str, str] | None:
@@ -1293,18 +1981,25 @@ def _gid_problem(view: _View, name: str, index: int) -> tuple[str, str, str] | N
 
 def _check_roce_gid(host: str, view: _View, expect: Expectations) -> Check:
     active = []
-    for name in _expected_nics(expect):
+    for name in _fleet_nics(view, expect):
         device = next((dev for dev in view.devinfo or [] if dev.name == name), None)
         port = device.port(1) if device else None
         if port is not None and port.state == "PORT_ACTIVE":
             active.append(name)
     if not _expected_nics(expect):
         return Check("roce_gid", True, f"{host}: no RDMA NIC expected")
+    if expect.link_layer == "ib":
+        return Check(
+            "roce_gid",
+            True,
+            f"{host}: InfiniBand fabric: ports are addressed by LID (rdma_ports), no RoCE GID",
+            skipped=True,
+        )
     if not active:
         return Check(
             "roce_gid",
             False,
-            f"{host}: no active {expect.nic_prefix} port to read GID[{expect.gid_index}] from "
+            f"{host}: no active {_driver(expect)} port to read GID[{expect.gid_index}] from "
             f"(MC_GID_INDEX); fix rdma_devices/rdma_ports first",
         )
     problems = [p for p in (_gid_problem(view, name, expect.gid_index) for name in active) if p]
@@ -1444,13 +2139,45 @@ def _check_mesh(host: str, raw: dict[str, Any]) -> Check:
     )
 
 
+def _resolve(expect: Expectations, view: _View) -> Expectations:
+    """A mixed fleet's expectations for one host: its vendor (nvidia-smi installed or not),
+    its NICs' driver (the most common among its devices) and their ports' link layer."""
+    vendor, driver, layer = expect.gpu_vendor, expect.nic_driver, expect.link_layer
+    if vendor == "any":
+        vendor = "nvidia" if view.nvidia is not None else "amd"
+    if driver == AUTO_NIC_DRIVER:
+        found = [d for d in (view.nic_driver(n) for n in _present(view)) if d]
+        driver = max(sorted(set(found)), key=found.count) if found else USUAL_NIC_DRIVER[vendor]
+    resolved = replace(expect, gpu_vendor=vendor, nic_driver=driver)
+    if layer == "auto":
+        ports = [
+            port.link_layer
+            for device in view.devinfo or []
+            if device.name in _fleet_nics(view, resolved)
+            for port in device.ports[:1]
+        ]
+        layer = "ib" if ports and set(ports) == {"InfiniBand"} else "eth"
+    return replace(resolved, link_layer=layer)
+
+
 def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check]:
     """The preflight checks, in CHECK_NAMES order. Never raises on odd observations."""
     raw = _dict(raw)
     view = _view(raw)
+    try:
+        expect = _resolve(expect, view)
+    except Exception:  # odd observations: the checks below say what is wrong
+        expect = replace(
+            expect,
+            gpu_vendor="amd" if expect.gpu_vendor == "any" else expect.gpu_vendor,
+            nic_driver="bnxt_re" if expect.nic_driver == AUTO_NIC_DRIVER else expect.nic_driver,
+            link_layer="eth" if expect.link_layer == "auto" else expect.link_layer,
+        )
     builders: dict[str, Callable[[], Check]] = {
         "systemd": lambda: _check_systemd(host, raw),
         "gpus": lambda: _check_gpus(host, raw, view, expect),
+        "container_toolkit": lambda: _check_container_toolkit(host, raw, view),
+        "cdi": lambda: _check_cdi(host, raw, view),
         "rdma_devices": lambda: _check_rdma_devices(host, raw, view, expect),
         "rdma_ports": lambda: _check_rdma_ports(host, raw, view, expect),
         "provider_lib": lambda: _check_provider_lib(host, raw, view, expect),
@@ -1462,7 +2189,12 @@ def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check
     }
     checks = []
     for name in CHECK_NAMES:
-        if expect.kind == "cpu" and name in GPU_ONLY_CHECKS:
+        if expect.gpu_vendor != "nvidia" and name in NVIDIA_ONLY_CHECKS:
+            # Not a skipped check: on an AMD fleet there is nothing of the kind to have.
+            message = f"{host}: AMD fleet: ROCm devices reach containers directly, no CDI needed"
+            checks.append(Check(name, True, message))
+            continue
+        if expect.kind == "cpu" and name in GPU_ONLY_CHECKS | NVIDIA_ONLY_CHECKS:
             checks.append(Check(name, True, CPU_SKIP_MESSAGE, skipped=True))
             continue
         try:

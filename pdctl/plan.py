@@ -12,25 +12,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
-from pdctl import layout
+from pdctl import layout, topology, validate
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
-from pdctl.fleet_model import Fleet, FleetHost, natural_key
+from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
+from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
 from pdctl.layout import Layout, Roots
 from pdctl.router_flags import kept_flags, launch_line
-from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Probe, ReplicaGroup, Spec
+from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
 WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
-CONTAINER_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+# Where Debian/Ubuntu images (SGLang's, ROCm's, CUDA's) look for libibverbs providers: the
+# host's library is mounted there under its own file name.
+CONTAINER_PROVIDER_DIR = "/usr/lib/x86_64-linux-gnu/libibverbs"
+CONTAINER_PROVIDER_LIB = f"{CONTAINER_PROVIDER_DIR}/libbnxt_re-rdmav34.so"
+# The transfer backend whose UCX the plan points at each slot's NICs (UCX_NET_DEVICES).
+UCX_BACKENDS = frozenset({"nixl"})
 RENDER_MINOR_BASE = 128
+CDI_KIND = "nvidia.com/gpu"
 # pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults): the first
 # choice; a service whose router host already has another service's scaler takes the next
 # free port (the plan's scaler_metrics_port, pd_scaler_metrics_port of the extra-vars).
@@ -39,6 +47,19 @@ SCALER_METRICS_PORT = 29100
 ROUTER = "router"
 ROUTER_METRICS = "router's metrics"
 SCALER_METRICS = "scaler's metrics"
+
+
+def _nic_names(names: list[str]) -> list[str]:
+    for name in names:
+        if not NIC_NAME.match(name):
+            raise ValueError(f"{name!r} is not an RDMA device name ({NIC_NAME_RULE})")
+    return names
+
+
+def _ucx_device(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:\d{1,3}", value):
+        raise ValueError(f"{value!r} is not UCX_NET_DEVICES' device:port")
+    return value
 
 
 class Slot(BaseModel):
@@ -50,6 +71,13 @@ class Slot(BaseModel):
     port: int
     bootstrap_port: int | None
     start: bool
+    # Defaulted so that a stored plan without them (an older pdctl's: AMD only) still loads.
+    vendor: GpuVendor = "amd"
+    # The RDMA devices nearest the slot's GPUs (pdctl/topology.py); empty: the host's facts
+    # carry no topology, and the slot's commands name NICs themselves.
+    rdma_devices: Annotated[list[str], AfterValidator(_nic_names)] = Field(default_factory=list)
+    # UCX_NET_DEVICES entries (device:port) for a NIXL slot, the same NICs; empty: not set.
+    ucx_net_devices: list[Annotated[str, AfterValidator(_ucx_device)]] = Field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -63,22 +91,35 @@ class Slot(BaseModel):
         return f"http://{self.address}:{self.port}"
 
     def env(self) -> dict[str, str]:
-        """The slot's own environment (its instance env file)."""
+        """The slot's own environment (its instance env file, read by systemd and by the
+        container runtime). PDCTL_DEVICE_ARGS is split into words by systemd (`$VAR` in
+        ExecStart): its words are flags and device names, never quoted text."""
         ids = ",".join(str(g) for g in self.gpus)
         env = {
             "PDCTL_SLOT": self.name,
             "PDCTL_HOST": self.address,
             "PDCTL_PORT": str(self.port),
             "PDCTL_GPU_IDS": ids,
-            "ROCR_VISIBLE_DEVICES": ids,
-            "DSTACK_GPUS_NUM": str(len(self.gpus)),
-            "PDCTL_DEVICE_ARGS": " ".join(
-                f"--device /dev/dri/renderD{RENDER_MINOR_BASE + g}" for g in self.gpus
-            ),
         }
+        if self.vendor == "amd":
+            env["ROCR_VISIBLE_DEVICES"] = ids
+        env["DSTACK_GPUS_NUM"] = str(len(self.gpus))
+        env["PDCTL_DEVICE_ARGS"] = " ".join(self.device_args())
         if self.bootstrap_port is not None:
             env["PDCTL_BOOTSTRAP_PORT"] = str(self.bootstrap_port)
+        if self.rdma_devices:
+            env["PDCTL_RDMA_DEVICES"] = ",".join(self.rdma_devices)
+        if self.ucx_net_devices:
+            env["UCX_NET_DEVICES"] = ",".join(self.ucx_net_devices)
         return env
+
+    def device_args(self) -> list[str]:
+        """The runtime flags that give the container the slot's GPUs and only them: AMD its
+        render nodes (/dev/kfd is in the unit), NVIDIA its CDI devices (docs/facts.md,
+        "NVIDIA containers"), which CUDA numbers from 0 inside."""
+        if self.vendor == "nvidia":
+            return [f"--device {CDI_KIND}={g}" for g in self.gpus]
+        return [f"--device /dev/dri/renderD{RENDER_MINOR_BASE + g}" for g in self.gpus]
 
 
 class GroupPlan(BaseModel):
@@ -136,6 +177,8 @@ class Plan(BaseModel):
     port_stride: int = DEFAULT_PORT_STRIDE
     scaler_metrics_port: int = SCALER_METRICS_PORT
     excluded_hosts: dict[str, str] = Field(default_factory=dict)
+    # What the plan could not do as well as it would like (hosts without topology facts).
+    notes: list[str] = Field(default_factory=list)
     # Where the service lives on its hosts (pd_layout of the extra-vars).
     roots: Roots = Field(default_factory=Roots)
 
@@ -307,14 +350,13 @@ def _config_hash(
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _fits(host: FleetHost, group: ReplicaGroup, spec: Spec) -> str | None:
+def _fits(host: FleetHost, gpus: HostGpus, group: ReplicaGroup, spec: Spec) -> str | None:
     """Why a host cannot take this group's replicas (None: it can)."""
     facts = host.facts or {}
     resources = group.resources or spec.resources
-    wanted = spec.gpus(group)
-    gpus = facts.get("gpus") or {}
-    if wanted and wanted.model and wanted.model.lower() not in str(gpus.get("model") or "").lower():
-        return f"GPU model {gpus.get('model') or 'unknown'} is not {wanted.model}"
+    reason = gpus.mismatch(spec.gpus(group) or Gpu())
+    if reason is not None:
+        return reason
     if (
         resources
         and resources.cpu
@@ -390,14 +432,18 @@ def build(
     groups: dict[str, GroupPlan] = {
         role: _group_plan(spec, env, role, secrets_digest) for role in WORKER_ROLES
     }
+    gpus = _read_facts(fleet, hosts, excluded)
     candidates: dict[str, list[FleetHost]] = {
-        role: _candidates(spec, role, hosts, excluded) for role in WORKER_ROLES
+        role: _candidates(spec, role, fleet, gpus, excluded) for role in WORKER_ROLES
     }
     shortfalls = _place(spec, groups, candidates, hosts, others)
     _check_capacity(groups, shortfalls, _gpu_holders(others, candidates), allow_partial)
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
+    notes = _wire_slots(spec, env, groups, gpus)
     plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
+    plan.volumes = _volumes(spec, fleet, plan.slots(), gpus)
+    plan.notes = notes
     plan.scaler_metrics_port = _scaler_port(plan, others)
     _check_listeners(plan, others)
     return plan
@@ -422,19 +468,110 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> 
     )
 
 
-def _candidates(
-    spec: Spec, role: WorkerRole, hosts: list[FleetHost], excluded: dict[str, str]
-) -> list[FleetHost]:
-    """The hosts that can take the group's replicas; the GPU hosts that cannot say why."""
-    group = spec.group(role)
-    found = []
+def _read_facts(
+    fleet: Fleet, hosts: list[FleetHost], excluded: dict[str, str]
+) -> dict[str, HostGpus]:
+    """The GPU hosts' facts, checked; a host whose facts hold what pdctl will not write
+    (a NIC name with a space, a CDI name with a newline) is not used, and says why."""
+    found = {}
     for host in hosts:
-        reason = _fits(host, group, spec) if host.kind == "gpu" else "CPU host"
+        if host.kind != "gpu":
+            continue
+        try:
+            found[host.name] = HostGpus.from_facts(host.facts)
+        except FactsError as exc:
+            excluded[host.name] = (
+                f"unusable {exc} (refused; `pdctl fleet check {fleet.name}` reads them again)"
+            )
+    return found
+
+
+def _candidates(
+    spec: Spec,
+    role: WorkerRole,
+    fleet: Fleet,
+    gpus: dict[str, HostGpus],
+    excluded: dict[str, str],
+) -> list[FleetHost]:
+    """The hosts that can take the group's replicas; the GPU hosts that cannot say why.
+    A group's replicas run one image, so they never land on two vendors' GPUs."""
+    group = spec.group(role)
+    wanted = spec.gpus(group) or Gpu()
+    found = []
+    for name, host_gpus in gpus.items():
+        host = fleet.host(name)
+        assert host is not None  # gpus is read from the fleet's hosts
+        reason = _fits(host, host_gpus, group, spec)
         if reason is None:
             found.append(host)
-        elif host.kind == "gpu":
-            excluded.setdefault(host.name, reason)
+        else:
+            excluded.setdefault(name, reason)
+    found.sort(key=lambda h: natural_key(h.name))
+    if not found:
+        raise CheckFailed(
+            f"{role} needs {wanted.describe()}; hosts: {_what_hosts_have(fleet, gpus, excluded)}",
+            hint="change the group's resources.gpu, or add (or fix) hosts with such GPUs",
+        )
+    vendors: dict[str, list[str]] = {}
+    for host in found:
+        vendors.setdefault(gpus[host.name].vendor or "unknown", []).append(host.name)
+    if len(vendors) > 1:
+        which = "; ".join(f"{v}: {', '.join(names)}" for v, names in sorted(vendors.items()))
+        raise InputError(
+            f"{role}: gpu {wanted.describe()} matches hosts of more than one vendor ({which}), "
+            "and a group's image runs on one",
+            hint=f"name the vendor or the model in resources.gpu (e.g. nvidia:{wanted.count} "
+            f"or H200:{wanted.count})",
+        )
     return found
+
+
+def _what_hosts_have(fleet: Fleet, gpus: dict[str, HostGpus], excluded: dict[str, str]) -> str:
+    """Every GPU host of the fleet with its GPUs, and why it is not used if it is not:
+    "10.0.0.11 8x MI300X 192GB, 10.0.0.12 8x H200 140GB (failed preflight (gpus))"."""
+    parts = []
+    for host in sorted(fleet.hosts, key=lambda h: natural_key(h.name)):
+        if host.kind != "gpu":
+            continue
+        have = gpus[host.name].describe() if host.name in gpus else "unreadable facts"
+        reason = excluded.get(host.name, "")
+        health = f" ({reason})" if reason and host.name not in gpus else ""
+        parts.append(f"{host.address} {have}{health}")
+    return ", ".join(parts) or "no GPU hosts"
+
+
+def _transfer_backend(group: ReplicaGroup) -> str | None:
+    match = re.search(r"--disaggregation-transfer-backend[=\s]+([\w-]+)", " ".join(group.commands))
+    return match[1] if match else None
+
+
+def _wire_slots(
+    spec: Spec, env: Env, groups: dict[str, GroupPlan], gpus: dict[str, HostGpus]
+) -> list[str]:
+    """Each slot's vendor and the NICs nearest its GPUs (UCX's too, for NIXL). Returns a note
+    per host whose facts carry no topology: its slots get no NICs of their own."""
+    blind: set[str] = set()
+    for role in WORKER_ROLES:
+        ucx = (
+            _transfer_backend(spec.group(role)) in UCX_BACKENDS
+            and "UCX_NET_DEVICES" not in env.plain
+        )
+        for slot in groups[role].slots:
+            host = gpus[slot.host]
+            slot.vendor = host.vendor or "amd"
+            nics = host.nics_for(host.rdma_driver())
+            names = topology.nearest_nics(host.devices, nics, slot.gpus)
+            if nics and not names:
+                blind.add(slot.host)
+            slot.rdma_devices = names
+            if ucx:
+                ports = {n.name: n.port for n in nics}
+                slot.ucx_net_devices = [f"{name}:{ports[name]}" for name in names]
+    return [
+        f"{host}: its facts carry no PCI topology (gathered by an older pdctl): its slots get "
+        "no NICs of their own (no PDCTL_RDMA_DEVICES); `pdctl fleet check` reads them again"
+        for host in sorted(blind, key=natural_key)
+    ]
 
 
 def _order(groups: dict[str, GroupPlan]) -> list[tuple[WorkerRole, int]]:
@@ -580,7 +717,7 @@ def _plan(
         env=env.plain,
         secret_names=env.secrets,
         secrets_digest=secrets_digest,
-        volumes=_volumes(spec, fleet),
+        volumes=list(spec.volumes),  # build() adds the provider library once slots are placed
         privileged=spec.privileged,
         memlock=settings.memlock,
         start_timeout=int(settings.start_timeout),
@@ -678,10 +815,48 @@ def _taken(service: str, listener: Listener, other: Held, port: int) -> InputErr
     )
 
 
-def _volumes(spec: Spec, fleet: Fleet) -> list[str]:
-    """The spec's volumes, plus the host's RDMA provider library mounted read-only (once)."""
-    provider = f"{fleet.settings.provider_lib}:{CONTAINER_PROVIDER_LIB}:ro"
+def _provider_mount(spec: Spec, fleet: Fleet, host: str, gpus: HostGpus) -> str | None:
+    """The RDMA provider library mount a host's workers get (None: none), from the host's
+    facts (rdma.provider_libs[its NICs' driver]); facts from before they carried it: the
+    fleet's provider_lib, as pdctl always did."""
+    setting = spec.pdctl.provider_lib
+    if setting == "image" or (setting == "auto" and gpus.vendor == "nvidia"):
+        return None
+    if gpus.provider_libs is None:
+        path = fleet.settings.provider_lib
+        try:
+            validate.host_path(path)
+        except ValueError as exc:
+            raise InputError(f"fleet {fleet.name}: provider_lib {exc}") from None
+        return f"{path}:{CONTAINER_PROVIDER_LIB}:ro"
+    driver = gpus.rdma_driver()
+    found = gpus.provider_libs.get(driver or "")
+    if found is None:
+        raise CheckFailed(
+            f"{host}: its facts name no RDMA provider library for {driver or 'its NICs'}",
+            hint="install rdma-core's lib<driver>-rdmav*.so there and run `pdctl fleet check`, "
+            "or set pdctl.provider_lib: image when the worker image carries its own",
+        )
+    return f"{found}:{CONTAINER_PROVIDER_DIR}/{found.rsplit('/', 1)[-1]}:ro"
+
+
+def _volumes(spec: Spec, fleet: Fleet, slots: list[Slot], gpus: dict[str, HostGpus]) -> list[str]:
+    """The spec's volumes, plus the worker hosts' RDMA provider library mounted read-only
+    (once; not when a spec volume already mounts something there). The volumes are the
+    service's, so its worker hosts must keep the library at one path."""
+    mounts: dict[str, list[str]] = {}
+    for host in sorted({s.host for s in slots}, key=natural_key):
+        mount = _provider_mount(spec, fleet, host, gpus[host])
+        mounts.setdefault(mount or "none", []).append(host)
     volumes = list(spec.volumes)
-    if not any(v.split(":")[1] == CONTAINER_PROVIDER_LIB for v in volumes):
-        volumes.insert(0, provider)
+    if len(mounts) > 1:
+        which = "; ".join(f"{m.split(':')[0]}: {', '.join(h)}" for m, h in sorted(mounts.items()))
+        raise CheckFailed(
+            f"the service's worker hosts differ in their RDMA provider library ({which}); "
+            "pdctl mounts one path into every worker of a service",
+            hint="install it at one path on every host, or set pdctl.provider_lib: image",
+        )
+    mount = next(iter(mounts), "none")
+    if mount != "none" and not any(v.split(":")[1] == mount.split(":")[1] for v in volumes):
+        volumes.insert(0, mount)
     return volumes

@@ -27,6 +27,7 @@ from pydantic import (
 from pdctl import layout, validate
 from pdctl.commands import CommandError, worker_script
 from pdctl.errors import InputError
+from pdctl.fleet_model import GpuVendor
 from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
@@ -159,34 +160,178 @@ def _mem_range(value: Any) -> Range:
     return Range.parse(value, _gib)
 
 
+# dstack's vendor tokens (gpuhunt's AcceleratorVendor and its aliases); pdctl places on two.
+_VENDORS: dict[str, GpuVendor | None] = {
+    "amd": "amd",
+    "nvidia": "nvidia",
+    "google": None,
+    "tpu": None,
+    "intel": None,
+    "tenstorrent": None,
+    "tt": None,
+}
+# A GPU name as dstack spells it (H200, MI300X, A100, RTX4090, ...): it starts with a letter.
+_GPU_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}\Z")
+GPU_FORMS = "e.g. H200, H200:8, 8, nvidia:2, MI300X:4, H100:80GB:2, H100,H200:8, 80GB..:4"
+
+
+def _gpu_vendor(token: str) -> GpuVendor | None:
+    vendor = _VENDORS[token.lower()]
+    if vendor is None:
+        raise ValueError(f"GPU vendor {token!r}: pdctl places workers on amd or nvidia GPUs")
+    return vendor
+
+
+def _gpu_names(value: Any) -> tuple[str, ...]:
+    names = value if isinstance(value, list | tuple) else str(value).split(",")
+    found = []
+    for name in names:
+        text = str(name).strip()
+        if not _GPU_NAME.match(text):
+            raise ValueError(
+                f"GPU name {text!r}: a letter, then letters, digits, '.', '_', '+' or '-' "
+                "(dstack's spelling: H200, H100, A100, MI300X)"
+            )
+        found.append(text)
+    if not found:
+        raise ValueError("an empty list of GPU names")
+    return tuple(found)
+
+
+def _gpu_count(value: Any) -> int:
+    """The GPUs one replica takes: a count, or the low end of a range (dstack picks the
+    smallest offer that fits; a replica's launch command fixes its tensor parallelism)."""
+    if isinstance(value, bool):
+        raise ValueError("a GPU count: N or MIN..MAX")
+    text = str(value).replace(" ", "")
+    if not re.fullmatch(r"\d+|\d*\.\.\d*", text) or text == "..":
+        raise ValueError(f"{value!r} is not a GPU count (use N or MIN..MAX, e.g. 8 or 1..8)")
+    low, sep, high = text.partition("..")
+    count = int(low) if low else 1
+    if sep and high and int(high) < count:
+        raise ValueError(f"GPU count {text}: MIN is above MAX")
+    if not 1 <= count <= 64:
+        raise ValueError(f"GPU count {text}: a replica takes 1..64 GPUs")
+    return count
+
+
+def _gpu_memory(value: Any) -> Range:
+    text = str(value).replace(" ", "")
+    if not re.fullmatch(r"[0-9.]*(MB|GB|TB)?(\.\.([0-9.]+(MB|GB|TB)?)?)?", text, re.I) or not text:
+        raise ValueError(f"{value!r} is not a GPU memory size (use e.g. 80GB, 80GB.., 40GB..80GB)")
+    try:
+        memory = Range.parse(text, _gib)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a GPU memory size (use e.g. 80GB, 80GB..)") from None
+    if memory.min is None and memory.max is None:
+        raise ValueError(f"{value!r}: an empty memory range")
+    if memory.min is not None and memory.max is not None and memory.min > memory.max:
+        raise ValueError(f"GPU memory {value}: MIN is above MAX")
+    return memory
+
+
 class Gpu(BaseModel):
-    """``MI300X:8``, ``8``, ``MI300X`` (one), or dstack's ``MI300X:192GB:8``."""
+    """A replica's GPUs in dstack's grammar: ``H200``, ``H200:8``, ``8``, ``nvidia``,
+    ``MI300X:192GB:4``, ``H100,H200:8``, ``80GB..:2``, or the mapping form
+    ``{vendor, name: [H100, H200], count, memory, total_memory}``. Tokens of the text form are
+    told apart as dstack does: a vendor, a name (starts with a letter; ``,`` separates
+    alternatives), a memory (has a unit), a count (the rest)."""
 
     model_config = ConfigDict(frozen=True)
-    model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    vendor: GpuVendor | None = None
+    names: tuple[str, ...] = ()
     count: int = Field(1, ge=1, le=64, description="GPUs per replica, on one host.")
+    memory: Range | None = Field(None, description="Per GPU, in GB (GiB, as dstack counts).")
+    total_memory: Range | None = Field(None, description="Of the replica's GPUs together, in GB.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_alias(cls, data: Any) -> Any:
+        # Gpu(model="MI300X") reads as one name: the form pdctl's own code and tests use.
+        if isinstance(data, dict) and "model" in data:
+            data = dict(data)
+            model = data.pop("model")
+            if model is not None:
+                data["names"] = (model,)
+        return data
+
+    @property
+    def model(self) -> str | None:
+        """The names as written (``H100,H200``), None when any model will do."""
+        return ",".join(self.names) if self.names else None
 
     @classmethod
     def parse(cls, value: Any) -> Gpu:
         if isinstance(value, Gpu):
             return value
         if isinstance(value, dict):
-            count = Range.parse(value.get("count", 1)).max
-            return cls(model=value.get("name"), count=int(count) if count is not None else 1)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return cls(count=value)
-        model, count = None, 1
-        for raw in str(value).split(":"):
-            token = raw.strip()
-            if re.fullmatch(r"\d+(\.\.\d*)?", token):
-                count = int(token.split("..")[0])
-            elif _MEMORY.match(token) and token[-2:].upper() in {"GB", "TB", "MB"}:
-                continue  # GPU memory: every MI300X has 192GB; nothing to choose
-            elif token:
-                model = token
-        if count < 1:
-            raise ValueError("a GPU count must be at least 1")
-        return cls(model=model, count=count)
+            return cls._parse_mapping(value)
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(f"a GPU spec is text, a count or a mapping ({GPU_FORMS})")
+        found: dict[str, Any] = {}
+        text = str(value).replace(" ", "")
+        for token in text.split(":"):
+            if not token:
+                raise ValueError(f"GPU spec {value!r} has an empty part ({GPU_FORMS})")
+            parsed: Any
+            if token.lower() in _VENDORS:
+                kind, parsed = "vendor", _gpu_vendor(token)
+            elif token[0].isalpha():
+                kind, parsed = "names", _gpu_names(token)
+            elif any(c.isalpha() for c in token):
+                kind, parsed = "memory", _gpu_memory(token)
+            else:
+                kind, parsed = "count", _gpu_count(token)
+            if kind in found:
+                raise ValueError(f"GPU spec {value!r} gives the {kind} twice ({GPU_FORMS})")
+            found[kind] = parsed
+        return cls(**found)
+
+    @classmethod
+    def _parse_mapping(cls, value: dict[str, Any]) -> Gpu:
+        allowed = {"vendor", "name", "count", "memory", "total_memory"}
+        if "compute_capability" in value:
+            raise ValueError(
+                "compute_capability: pdctl cannot check it (the hosts' facts do not carry it); "
+                "name the GPUs instead (name: [H100, H200])"
+            )
+        unknown = sorted(str(k) for k in value if k not in allowed)
+        if unknown:
+            raise ValueError(
+                f"unknown GPU field(s) {', '.join(unknown)} (allowed: {sorted(allowed)})"
+            )
+        found: dict[str, Any] = {}
+        if value.get("vendor") is not None:
+            if str(value["vendor"]).lower() not in _VENDORS:
+                raise ValueError(f"GPU vendor {value['vendor']!r}: use amd or nvidia")
+            found["vendor"] = _gpu_vendor(str(value["vendor"]))
+        if value.get("name") is not None:
+            found["names"] = _gpu_names(value["name"])
+        if value.get("count") is not None:
+            found["count"] = _gpu_count(value["count"])
+        for key in ("memory", "total_memory"):
+            if value.get(key) is not None:
+                found[key] = _gpu_memory(value[key])
+        return cls(**found)
+
+    def describe(self) -> str:
+        """As the spec would write it: ``H200:1``, ``nvidia:80GB..:2``, ``MI300X:192GB:4``."""
+        parts: list[str] = [self.vendor] if self.vendor else []
+        if self.names:
+            parts.append(",".join(self.names))
+        if self.memory:
+            parts.append(describe_gb(self.memory))
+        parts.append(str(self.count))
+        text = ":".join(parts)
+        if self.total_memory:
+            text += f" (total {describe_gb(self.total_memory)})"
+        return text
+
+
+def describe_gb(memory: Range) -> str:
+    low = "" if memory.min is None else f"{memory.min:g}GB"
+    high = "" if memory.max is None else f"{memory.max:g}GB"
+    return low if memory.min == memory.max else f"{low}..{high}"
 
 
 class Strict(BaseModel):
@@ -339,6 +484,14 @@ class PdctlSettings(Strict):
     memlock: Literal["unlimited", "inherit"] = Field(
         "unlimited",
         description="RDMA needs unlimited locked memory; 'inherit' where rlimits cannot be raised.",
+    )
+    provider_lib: Literal["auto", "host", "image"] = Field(
+        "auto",
+        description=(
+            "The RDMA provider library (lib<driver>-rdmav*.so) the workers use: 'host' mounts "
+            "the host's read-only, 'image' uses the image's own; 'auto' mounts it on AMD hosts "
+            "(ROCm images lack bnxt_re's) and not on NVIDIA hosts (CUDA images carry libmlx5)."
+        ),
     )
     start_timeout: Duration = float(layout.START_TIMEOUT)
     stop_timeout: Duration = float(layout.STOP_TIMEOUT)

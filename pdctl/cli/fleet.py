@@ -57,6 +57,31 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
 @click.option("--expect-nics", type=int, help="RDMA NICs every GPU host must have. [default: 8]")
 @click.option("--expect-gpus", type=int, help="GPUs every GPU host must have. [default: 8]")
 @click.option(
+    "--gpu",
+    "gpu_model",
+    metavar="MODEL",
+    help="The GPU model every GPU host must have, as dstack spells it (H200, H100, A100, "
+    "MI300X); sets the GPU vendor too. [default: MI300X]",
+)
+@click.option(
+    "--gpu-vendor",
+    type=click.Choice(["amd", "nvidia", "any"]),
+    help="amd (amd-smi, /dev/kfd), nvidia (nvidia-smi, nvidia-ctk, CDI), or any (a fleet mixing "
+    "both: each host is checked by what it has; any GPU model unless --gpu). [default: from --gpu]",
+)
+@click.option(
+    "--nic-driver",
+    metavar="DRIVER",
+    help="The RDMA NICs' driver (the libibverbs provider's name): bnxt_re, mlx5, irdma, ..., or "
+    "auto (each host's own; a mixed fleet). [default: bnxt_re]",
+)
+@click.option(
+    "--link-layer",
+    type=click.Choice(["eth", "ib", "auto"]),
+    help="The RDMA fabric: eth (RoCE: a RoCE v2 GID at MC_GID_INDEX), ib (InfiniBand: a LID "
+    "per port), or auto (each host's own). [default: eth]",
+)
+@click.option(
     "--wheelhouse",
     metavar="DIR",
     help="Wheels on the hosts (absolute path) to install SMG and the scaler from, for hosts "
@@ -80,6 +105,10 @@ def add(
     become: bool | None,
     expect_nics: int | None,
     expect_gpus: int | None,
+    gpu_model: str | None,
+    gpu_vendor: str | None,
+    nic_driver: str | None,
+    link_layer: str | None,
     wheelhouse: str | None,
     repin: bool,
     yes: bool,
@@ -94,6 +123,10 @@ def add(
         become=become,
         expect_nics=expect_nics,
         expect_gpus=expect_gpus,
+        gpu_model=gpu_model,
+        gpu_vendor=gpu_vendor,
+        nic_driver=nic_driver,
+        link_layer=link_layer,
         wheelhouse=wheelhouse,
         repin=repin,
     )

@@ -9,6 +9,7 @@ import click
 
 from pdctl.cli.app import App, pass_app
 from pdctl.lab import faults, manager
+from pdctl.lab.state import DEFAULT_GPU, LAB_GPUS, LinkLayer
 
 
 @click.group()
@@ -21,7 +22,14 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
         app.out.line("no lab in this workspace: `pdctl lab up --hosts 3 --cpu-hosts 1` makes one")
         return
     rows = [
-        (h["name"], h["kind"], h["address"], h["gpus"], h["state"], ", ".join(h["faults"]))
+        (
+            h["name"],
+            h["kind"],
+            h["address"],
+            f"{h['gpus']} {h['gpu_model']}" if h["gpus"] else "0",
+            h["state"],
+            ", ".join(h["faults"]),
+        )
         for h in doc["hosts"]
     ]
     app.out.table(["host", "kind", "address", "gpus", "state", "faults"], rows)
@@ -41,11 +49,29 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     show_default=True,
     help="How many of them (the first ones) have no GPUs and no RDMA NICs: router hosts.",
 )
+@click.option(
+    "--gpu",
+    "gpus",
+    type=click.Choice(list(LAB_GPUS)),
+    multiple=True,
+    help="The GPU hosts' model: MI300X (with Broadcom bnxt_re RoCE NICs) or H200/H100 (with "
+    "ConnectX mlx5 NICs, nvidia-smi, nvidia-ctk and a CDI spec). Repeat it for a mixed lab: "
+    f"GPU hosts take the models in turn. [default: {DEFAULT_GPU}]",
+)
+@click.option(
+    "--link-layer",
+    type=click.Choice(["eth", "ib"]),
+    default="eth",
+    show_default=True,
+    help="The NICs' link layer: eth (RoCE) or ib (InfiniBand; NVIDIA hosts only).",
+)
 @pass_app
-def up(app: App, hosts: int, cpu_hosts: int) -> None:
+def up(app: App, hosts: int, cpu_hosts: int, gpus: tuple[str, ...], link_layer: LinkLayer) -> None:
     """Boot (or converge to) N emulated hosts. Idempotent."""
     with app.out.progress("lab up") as progress:
-        doc = manager.up(app.workspace, hosts, cpu_hosts, progress)
+        doc = manager.up(
+            app.workspace, hosts, cpu_hosts, progress, gpus or (DEFAULT_GPU,), link_layer
+        )
     app.out.result(doc, lambda: _render_status(app, doc))
 
 
@@ -67,7 +93,8 @@ def fault(app: App, host: str, kind: str, arg: str | None) -> None:
 
     \b
     KIND: nic-missing DEV | port-down DEV | provider-lib-missing | no-runtime |
-          sshd-down | sudo-password | gpu-missing N | worker-unhealthy | clear
+          sshd-down | sudo-password | gpu-missing N | worker-unhealthy |
+          driver-missing | cdi-missing (NVIDIA hosts) | clear
     """
     doc = manager.fault(app.workspace, host, kind, arg)
     app.out.result(

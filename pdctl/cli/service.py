@@ -32,12 +32,14 @@ def _endpoint_line(app: App, doc: DeployResult | StatusResult | EndpointResult) 
 
 def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
     app.out.table(
-        ["slot", "host", "gpus", "port", "bootstrap", "unit", "at deploy"],
+        ["slot", "host", "gpus", "nics", "port", "bootstrap", "unit", "at deploy"],
         deploys.plan_table(plan),
         title=f"plan: service {plan.service} on fleet {plan.fleet}",
     )
     for host, reason in plan.excluded_hosts.items():
         app.out.line(f"not used: {host}: {reason}")
+    for note in plan.notes:
+        app.out.line(f"note: {note}")
     app.out.line("changes:" if changes else "no changes")
     for change in changes:
         app.out.line(f"  {change}")

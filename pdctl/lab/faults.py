@@ -7,12 +7,11 @@ fake tools and the SGLang stand-in); the others change the host itself
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from pdctl.errors import InputError
 from pdctl.lab import host as lab_host
-from pdctl.lab.host import PROVIDER_LIB, HostPaths
+from pdctl.lab.host import HostPaths
 from pdctl.lab.rootfs import SUDO_USER
 from pdctl.lab.state import FakeHardware, Fault, LabHost, write_hardware
 
@@ -25,10 +24,17 @@ KINDS: dict[str, str | None] = {
     "sshd-down": None,
     "sudo-password": None,
     "gpu-missing": "N",
+    "driver-missing": None,
+    "cdi-missing": None,
     "worker-unhealthy": None,
     "clear": None,
 }
 GPU_ONLY = {"nic-missing", "port-down", "provider-lib-missing", "gpu-missing"}
+NVIDIA_ONLY = {"driver-missing", "cdi-missing"}
+NIC_NAMES = {"bnxt_re": "bnxt_re{}", "mlx5": "mlx5_{}"}
+CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml")
+# Re-lays out the device nodes after a state change (pdfake.py pdlab-hardware).
+HARDWARE_SYNC = [f"{lab_host.SHARE_MOUNT}/fakes/pdfake.py", "pdlab-hardware"]
 PODMAN = "/usr/bin/podman"
 PODMAN_HIDDEN = "/usr/lib/pdctl-lab-podman.hidden"
 SUDOERS = f"/etc/sudoers.d/{SUDO_USER}"
@@ -45,13 +51,17 @@ def validate(host: LabHost, kind: str, arg: str | None) -> Fault:
         raise InputError(
             f"fault {kind} needs {wants}", hint=f"pdctl lab fault {host.name} {kind} {wants}"
         )
-    if kind in GPU_ONLY and host.kind != "gpu":
+    if kind in GPU_ONLY | NVIDIA_ONLY and host.kind != "gpu":
         raise InputError(
             f"lab host {host.name} is a CPU host: it has no GPUs or RDMA NICs to break"
         )
-    if wants == "DEV" and not (arg and re.fullmatch(r"bnxt_re[0-7]", arg)):
+    if kind in NVIDIA_ONLY and lab_host.vendor(host) != "nvidia":
+        raise InputError(f"{kind}: lab host {host.name} has AMD GPUs, not NVIDIA ones")
+    names = NIC_NAMES[host.model.nic_driver if host.model else "bnxt_re"]
+    if wants == "DEV" and arg not in {names.format(k) for k in range(8)}:
         raise InputError(
-            f"{kind}: no RDMA device {arg!r} on {host.name}", hint="bnxt_re0 .. bnxt_re7"
+            f"{kind}: no RDMA device {arg!r} on {host.name}",
+            hint=f"{names.format(0)} .. {names.format(7)}",
         )
     if wants == "N" and not (arg and arg.isdigit() and int(arg) < host.gpus):
         raise InputError(f"{kind}: no GPU {arg!r} on {host.name}", hint=f"0 .. {host.gpus - 1}")
@@ -67,14 +77,20 @@ def apply(host: LabHost, paths: HostPaths, fault: Fault) -> None:
         "nic-missing": lambda: _add(hardware.missing_nics, fault.arg),
         "port-down": lambda: _add(hardware.down_ports, fault.arg),
         "gpu-missing": lambda: _gpu_missing(paths, hardware, int(fault.arg or 0)),
+        "driver-missing": lambda: setattr(hardware, "nvidia_driver", False),
+        "cdi-missing": lambda: _remove_cdi_specs(host),
         "worker-unhealthy": lambda: setattr(hardware, "worker_unhealthy", True),
-        "provider-lib-missing": lambda: (paths.libibverbs / PROVIDER_LIB).unlink(missing_ok=True),
+        "provider-lib-missing": lambda: (paths.libibverbs / lab_host.provider_lib(host)).unlink(
+            missing_ok=True
+        ),
         "no-runtime": lambda: _hide_podman(host),
         "sshd-down": lambda: _stop_sshd(host),
         "sudo-password": lambda: _move(host, SUDOERS, SUDOERS_HIDDEN),
     }
     edit[fault.kind]()
     write_hardware(paths.hardware, hardware)
+    if lab_host.vendor(host) == "nvidia" and host.kind == "gpu":
+        lab_host.exec_in(host, HARDWARE_SYNC)  # e.g. the driver's or a GPU's /dev nodes go
 
 
 def _add(items: list[str], item: str | None) -> None:
@@ -87,6 +103,10 @@ def _gpu_missing(paths: HostPaths, hardware: FakeHardware, gpu: int) -> None:
         hardware.missing_gpus.append(gpu)
     lab_host.render_node(paths, gpu).unlink(missing_ok=True)
     (paths.dev / "dri" / f"card{gpu}").unlink(missing_ok=True)
+
+
+def _remove_cdi_specs(host: LabHost) -> None:
+    lab_host.exec_in(host, ["rm", "-f", *CDI_SPECS])
 
 
 def _move(host: LabHost, path: str, to: str) -> None:
@@ -102,15 +122,13 @@ def _stop_sshd(host: LabHost) -> None:
 
 
 def _clear(host: LabHost, paths: HostPaths, hardware: FakeHardware) -> None:
-    fresh = FakeHardware(
-        host_index=hardware.host_index,
-        gpus=hardware.gpus,
-        nics=hardware.nics,
-        worker_warmup_secs=hardware.worker_warmup_secs,
-    )
+    fresh = host.hardware()
+    fresh.worker_warmup_secs = hardware.worker_warmup_secs
     write_hardware(paths.hardware, fresh)
     if host.kind == "gpu":
         lab_host.prepare_hardware(host, paths)
+    if host.kind == "gpu" and lab_host.vendor(host) == "nvidia":
+        lab_host.exec_in(host, [*HARDWARE_SYNC, "--cdi"])
     _move(host, PODMAN_HIDDEN, PODMAN)
     _move(host, SUDOERS_HIDDEN, SUDOERS)  # the sudo user's passwordless rule, if hidden
     lab_host.exec_in(host, ["systemctl", "start", "ssh.service"])

@@ -9,6 +9,7 @@ SIGKILL to its PID 1 (a SIGKILL to nspawn would orphan the host).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -23,13 +24,50 @@ from pdctl.errors import PdctlError
 from pdctl.lab import network
 from pdctl.lab.rootfs import SUDO_USER
 from pdctl.lab.runtime import crun_clamp
-from pdctl.lab.state import NICS_PER_HOST, FakeHardware, LabHost, LabState, write_hardware
+from pdctl.lab.state import NICS_PER_HOST, LabHost, LabState, write_hardware
 from pdctl.lab.system import quiet, run
 
 CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
-PROVIDER_LIB = "libbnxt_re-rdmav34.so"
-HOST_PROVIDER_DIR = "/usr/lib64/libibverbs"
-FAKE_TOOLS = ("ibv_devices", "ibv_devinfo", "amd-smi", "rocm-smi")
+# RHEL-style for the AMD hosts (the path pdctl's units mount), Debian/Ubuntu's multiarch one
+# for the NVIDIA hosts: pdctl finds a provider library on either by glob.
+PROVIDER_DIRS = {"amd": "/usr/lib64/libibverbs", "nvidia": "/usr/lib/x86_64-linux-gnu/libibverbs"}
+FAKE_TOOLS = {
+    "amd": ("ibv_devices", "ibv_devinfo", "amd-smi", "rocm-smi"),
+    "nvidia": ("ibv_devices", "ibv_devinfo", "nvidia-smi", "nvidia-ctk"),
+}
+# Inside worker containers: the fake verbs tools (the worker stand-in checks its NICs with
+# ibv_devices, as SGLang would through libibverbs) and, on NVIDIA hosts, the libmlx5 that
+# CUDA images carry themselves (docs/facts.md, "NVIDIA hosts").
+CONTAINER_TOOLS = "/opt/pdctl-lab/bin"
+CONTAINER_PROVIDER_DIR = "/usr/lib/x86_64-linux-gnu/libibverbs"
+CONTAINERS_DROP_IN = "etc/containers/containers.conf.d/51-pdctl-lab-volumes.conf"
+# Run at boot, before sshd: device nodes, the CDI spec and the sysfs topology (pdfake.py).
+HARDWARE_UNIT = "pdlab-hardware.service"
+_HARDWARE_UNIT_TEXT = """\
+[Unit]
+Description=pdctl lab: the fake GPU server's device nodes, CDI spec and sysfs topology
+DefaultDependencies=no
+Before=sysinit.target ssh.service ssh.socket
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/opt/pdctl-lab/fakes/pdfake.py pdlab-hardware --cdi
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def provider_lib(host: LabHost) -> str:
+    """The provider library file name of the host's NICs (libbnxt_re-rdmav34.so, ...)."""
+    return f"lib{host.model.nic_driver if host.model else 'bnxt_re'}-rdmav34.so"
+
+
+def vendor(host: LabHost) -> str:
+    return host.model.vendor if host.model else "amd"
+
+
 RENDER_MINOR_BASE = 128
 # Where the lab's shared, read-only files appear inside every host.
 SHARE_MOUNT = "/opt/pdctl-lab"
@@ -127,14 +165,7 @@ def prepare(state: LabState, host: LabHost, paths: HostPaths, shared: Shared) ->
     for directory in (*directories, paths.emulation):
         directory.mkdir(parents=True, exist_ok=True)
     if not paths.hardware.exists():
-        write_hardware(
-            paths.hardware,
-            FakeHardware(
-                host_index=host.index,
-                gpus=host.gpus,
-                nics=NICS_PER_HOST if host.kind == "gpu" else 0,
-            ),
-        )
+        write_hardware(paths.hardware, host.hardware())
     if host.kind == "gpu":
         prepare_hardware(host, paths)
     if not os.path.ismount(paths.root):
@@ -153,20 +184,49 @@ def prepare(state: LabState, host: LabHost, paths: HostPaths, shared: Shared) ->
     drop_in = paths.root / RUNTIME_DROP_IN
     drop_in.parent.mkdir(parents=True, exist_ok=True)
     drop_in.write_text(_RUNTIME_CONF)
+    if host.kind == "gpu":
+        _install_boot_hardware(host, paths.root)
+
+
+def _install_boot_hardware(host: LabHost, root: Path) -> None:
+    unit = root / "etc/systemd/system" / HARDWARE_UNIT
+    unit.write_text(_HARDWARE_UNIT_TEXT)
+    wants = root / "etc/systemd/system/sysinit.target.wants" / HARDWARE_UNIT
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    if not wants.is_symlink():
+        wants.symlink_to(f"/etc/systemd/system/{HARDWARE_UNIT}")
+    # An array in a containers.conf drop-in replaces the base one: repeat /etc/pd-fake.
+    volumes = [
+        "/etc/pd-fake:/etc/pd-fake:ro",
+        f"{SHARE_MOUNT}/fakes:{SHARE_MOUNT}/fakes:ro",
+        f"/usr/local/bin:{CONTAINER_TOOLS}:ro",
+    ]
+    if vendor(host) == "nvidia":
+        lib = f"{PROVIDER_DIRS['nvidia']}/{provider_lib(host)}"
+        volumes.append(f"{lib}:{CONTAINER_PROVIDER_DIR}/{provider_lib(host)}:ro")
+    conf = root / CONTAINERS_DROP_IN
+    conf.write_text(
+        "# pdctl lab: the fake hardware state and verbs tools in every container\n"
+        f"[containers]\nvolumes = {json.dumps(volumes)}\n"
+    )
 
 
 def prepare_hardware(host: LabHost, paths: HostPaths) -> None:
-    """The fake GPU server's files: tools, provider library, device nodes (idempotent)."""
-    for tool in FAKE_TOOLS:
+    """The fake GPU server's files: tools, provider library, device nodes (idempotent).
+
+    NVIDIA's /dev/nvidia* nodes are made inside the host by pdlab-hardware.service, since
+    they sit in /dev itself and faults remove them one by one."""
+    for tool in FAKE_TOOLS[vendor(host)]:
         link = paths.bin / tool
         if not link.is_symlink():
             link.symlink_to(f"{SHARE_MOUNT}/fakes/pdfake.py")
     paths.libibverbs.mkdir(exist_ok=True)
-    (paths.libibverbs / PROVIDER_LIB).write_bytes(b"\x7fELF fake Broadcom RoCE provider\n")
-    _mknod_null(paths.dev / "kfd")
-    for gpu in range(host.gpus):
-        _mknod_null(render_node(paths, gpu))
-        _mknod_null(paths.dev / "dri" / f"card{gpu}")
+    (paths.libibverbs / provider_lib(host)).write_bytes(b"\x7fELF fake RDMA provider\n")
+    if vendor(host) == "amd":
+        _mknod_null(paths.dev / "kfd")
+        for gpu in range(host.gpus):
+            _mknod_null(render_node(paths, gpu))
+            _mknod_null(paths.dev / "dri" / f"card{gpu}")
     for nic in range(NICS_PER_HOST):
         _mknod_null(paths.dev / "infiniband" / f"uverbs{nic}")
     _mknod_null(paths.dev / "infiniband" / "rdma_cm")
@@ -211,10 +271,13 @@ def _nspawn_argv(state: LabState, host: LabHost, paths: HostPaths, shared: Share
     ]
     if host.kind == "gpu":
         argv += [
-            f"--bind={paths.libibverbs}:{HOST_PROVIDER_DIR}",
+            f"--bind={paths.libibverbs}:{PROVIDER_DIRS[vendor(host)]}",
+            f"--bind={paths.dev / 'infiniband'}:/dev/infiniband",
+        ]
+    if host.kind == "gpu" and vendor(host) == "amd":
+        argv += [
             f"--bind={paths.dev / 'kfd'}:/dev/kfd",
             f"--bind={paths.dev / 'dri'}:/dev/dri",
-            f"--bind={paths.dev / 'infiniband'}:/dev/infiniband",
         ]
     return argv
 

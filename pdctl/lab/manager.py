@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from pdctl.lab import faults, image, inotify, network, registry, rootfs, state, 
 from pdctl.lab import host as lab_host
 from pdctl.lab.host import SHARE_MOUNT, HostPaths, Shared
 from pdctl.lab.runtime import crun_clamp
-from pdctl.lab.state import Fault, HostKind, LabHost, LabState
+from pdctl.lab.state import DEFAULT_GPU, LAB_GPUS, Fault, HostKind, LabHost, LabState, LinkLayer
 from pdctl.lab.system import require_programs, require_root, run
 from pdctl.workspace import Workspace
 
@@ -66,15 +66,49 @@ class Lab:
         return self.key.with_suffix(".pub").read_text()
 
 
-def _desired(hosts: int, cpu_hosts: int, subnet: str) -> list[LabHost]:
+def _desired(
+    hosts: int, cpu_hosts: int, subnet: str, gpus: Sequence[str], link_layer: LinkLayer
+) -> list[LabHost]:
+    """GPU hosts take the models in turn (--gpu MI300X --gpu H200: node2 MI300X, node3 H200,
+    ...); only ConnectX hosts can be InfiniBand, Broadcom ones stay RoCE."""
     kinds: list[HostKind] = ["cpu" if i < cpu_hosts else "gpu" for i in range(hosts)]
-    return [
-        LabHost(name=f"node{i + 1}", index=i + 1, kind=kind, address=f"{subnet}.{10 + i + 1}")
-        for i, kind in enumerate(kinds)
-    ]
+    found = []
+    for i, kind in enumerate(kinds):
+        gpu = gpus[max(0, i - cpu_hosts) % len(gpus)] if kind == "gpu" else DEFAULT_GPU
+        layer: LinkLayer = link_layer if LAB_GPUS[gpu].nic_driver == "mlx5" else "eth"
+        found.append(
+            LabHost(
+                name=f"node{i + 1}",
+                index=i + 1,
+                kind=kind,
+                address=f"{subnet}.{10 + i + 1}",
+                gpu=gpu,
+                link_layer=layer,
+            )
+        )
+    return found
 
 
-def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> dict[str, Any]:
+def up(
+    workspace: Workspace,
+    hosts: int,
+    cpu_hosts: int,
+    progress: Progress,
+    gpus: Sequence[str] = (DEFAULT_GPU,),
+    link_layer: LinkLayer = "eth",
+) -> dict[str, Any]:
+    gpus = list(gpus) or [DEFAULT_GPU]
+    for gpu in gpus:
+        if gpu not in LAB_GPUS:
+            raise InputError(
+                f"--gpu {gpu!r} is not a GPU the lab emulates", hint=", ".join(LAB_GPUS)
+            )
+    if link_layer == "ib" and all(LAB_GPUS[g].nic_driver != "mlx5" for g in gpus):
+        raise InputError(
+            f"--link-layer ib: the lab's {', '.join(gpus)} hosts have Broadcom RoCE NICs "
+            "(Ethernet only)",
+            hint="InfiniBand comes with the NVIDIA hosts' ConnectX NICs: --gpu H200 or H100",
+        )
     if not 1 <= hosts <= MAX_HOSTS:
         raise InputError(f"--hosts must be between 1 and {MAX_HOSTS} (got {hosts})")
     if not 0 <= cpu_hosts <= hosts:
@@ -94,7 +128,7 @@ def up(workspace: Workspace, hosts: int, cpu_hosts: int, progress: Progress) -> 
     )
     with registry.locked():
         current = _claim(lab, str(base))
-        desired = _desired(hosts, cpu_hosts, current.subnet)
+        desired = _desired(hosts, cpu_hosts, current.subnet, gpus, link_layer)
         network.ensure_bridge(current)
         inotify.ensure(_hosts_running(except_lab=lab.dir) + hosts)
         booting = _converge_hosts(lab, current, desired, shared, progress)
@@ -167,9 +201,11 @@ def _sweep(lab_dir: Path, lab: LabState | None, lab_id: int) -> None:
 def _converge_hosts(
     lab: Lab, current: LabState, desired: list[LabHost], shared: Shared, progress: Progress
 ) -> list[LabHost]:
-    wanted = {(h.name, h.kind) for h in desired}
+    wanted = {(h.name, h.kind, h.gpu, h.link_layer) for h in desired}
     for host in list(current.hosts):
-        if (host.name, host.kind) not in wanted or not lab_host.is_running(host):
+        if (host.name, host.kind, host.gpu, host.link_layer) not in wanted or not (
+            lab_host.is_running(host)
+        ):
             progress(f"removing {host.name}")
             lab_host.stop(current, host, lab.paths(host))
             current.hosts.remove(host)
@@ -216,6 +252,10 @@ def status(workspace: Workspace) -> dict[str, Any]:
             "user": rootfs.SUDO_USER,
             "identity_file": str(lab.key),
             "gpus": h.gpus,
+            "gpu_vendor": h.model.vendor if h.model else None,
+            "gpu_model": h.gpu if h.model else None,
+            "nic_driver": h.model.nic_driver if h.model else None,
+            "link_layer": h.link_layer if h.model else None,
             "kind": h.kind,
             "state": "running" if lab_host.is_running(h) else "stopped",
             "faults": [f.label() for f in h.faults],
@@ -237,7 +277,17 @@ def status(workspace: Workspace) -> dict[str, Any]:
 def fleet_add_line(lab: Lab, hosts: list[LabHost]) -> str:
     """Registers the hosts, with the lab's settings as fleet settings (the wheelhouse)."""
     host_args = " ".join(f"--host {rootfs.SUDO_USER}@{h.address}" for h in hosts)
-    return f"pdctl fleet add lab --identity-file {lab.key} --wheelhouse {WHEELHOUSE} {host_args}"
+    kinds = {(h.gpu, h.link_layer) for h in hosts if h.model is not None}
+    hardware = ""
+    if len(kinds) > 1:  # a mixed lab: each host is checked by what it has
+        hardware = " --gpu-vendor any --nic-driver auto --link-layer auto"
+    elif kinds and next(iter(kinds))[0] != DEFAULT_GPU:
+        gpu, layer = next(iter(kinds))
+        hardware = f" --gpu {gpu} --nic-driver {LAB_GPUS[gpu].nic_driver} --link-layer {layer}"
+    return (
+        f"pdctl fleet add lab --identity-file {lab.key} --wheelhouse {WHEELHOUSE}{hardware} "
+        f"{host_args}"
+    )
 
 
 def running_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:

@@ -11,8 +11,31 @@ from pydantic import BaseModel, Field
 from pdctl.workspace import write_atomic
 
 HostKind = Literal["cpu", "gpu"]
+LinkLayer = Literal["eth", "ib"]
 GPUS_PER_HOST = 8
 NICS_PER_HOST = 8
+
+
+class LabGpu(BaseModel):
+    """A GPU model the lab emulates: what its tools print, and the NICs such servers carry."""
+
+    vendor: Literal["amd", "nvidia"]
+    name: str  # as amd-smi's market_name / nvidia-smi's name print it
+    memory_mib: int
+    nic_driver: Literal["bnxt_re", "mlx5"]
+
+
+# MI300X servers with Broadcom RoCE NICs; HGX H200/H100 with ConnectX-7 (docs/facts.md).
+LAB_GPUS = {
+    "MI300X": LabGpu(
+        vendor="amd", name="AMD Instinct MI300X", memory_mib=196592, nic_driver="bnxt_re"
+    ),
+    "H200": LabGpu(vendor="nvidia", name="NVIDIA H200", memory_mib=143771, nic_driver="mlx5"),
+    "H100": LabGpu(
+        vendor="nvidia", name="NVIDIA H100 80GB HBM3", memory_mib=81559, nic_driver="mlx5"
+    ),
+}
+DEFAULT_GPU = "MI300X"
 
 
 class Fault(BaseModel):
@@ -32,6 +55,11 @@ class FakeHardware(BaseModel):
     host_index: int
     gpus: int = GPUS_PER_HOST
     gpu_model: str = "AMD Instinct MI300X"
+    gpu_memory_mib: int = 196592
+    vendor: Literal["amd", "nvidia"] = "amd"
+    nic_driver: Literal["bnxt_re", "mlx5"] = "bnxt_re"
+    link_layer: LinkLayer = "eth"
+    nvidia_driver: bool = True
     missing_gpus: list[int] = Field(default_factory=list)
     nics: int = NICS_PER_HOST
     missing_nics: list[str] = Field(default_factory=list)
@@ -47,10 +75,31 @@ class LabHost(BaseModel):
     address: str
     nspawn_pid: int | None = None
     faults: list[Fault] = Field(default_factory=list)
+    gpu: str = DEFAULT_GPU  # a LAB_GPUS key; GPU hosts only
+    link_layer: LinkLayer = "eth"
 
     @property
     def gpus(self) -> int:
         return GPUS_PER_HOST if self.kind == "gpu" else 0
+
+    @property
+    def model(self) -> LabGpu | None:
+        return LAB_GPUS[self.gpu] if self.kind == "gpu" else None
+
+    def hardware(self) -> FakeHardware:
+        """The fake hardware this host starts with (and returns to on `fault clear`)."""
+        if self.model is None:
+            return FakeHardware(host_index=self.index, gpus=0, nics=0)
+        return FakeHardware(
+            host_index=self.index,
+            gpus=self.gpus,
+            nics=NICS_PER_HOST,
+            gpu_model=self.model.name,
+            gpu_memory_mib=self.model.memory_mib,
+            vendor=self.model.vendor,
+            nic_driver=self.model.nic_driver,
+            link_layer=self.link_layer,
+        )
 
 
 class LabState(BaseModel):

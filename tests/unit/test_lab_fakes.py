@@ -412,7 +412,7 @@ def test_no_amdgpu_driver_fails_like_the_real_tools(fake: Fake) -> None:
 
 
 def test_unknown_tool_is_a_usage_error(fake: Fake) -> None:
-    proc = fake.run("nvidia-smi")
+    proc = fake.run("lspci")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.startswith("usage: pdfake.py TOOL")
 

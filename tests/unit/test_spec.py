@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,13 @@ ENV = {"HF_TOKEN": "hf_value"}
 
 
 @pytest.mark.parametrize(
-    "name", ["examples/pd-amd-mi300x.yml", "examples/lab/pd.yml", "tests/data/dstack-pd.yml"]
+    "name",
+    [
+        "examples/pd-amd-mi300x.yml",
+        "examples/pd-nvidia-h200.yml",
+        "examples/lab/pd.yml",
+        "tests/data/dstack-pd.yml",
+    ],
 )
 def test_examples_parse(name: str) -> None:
     spec, env = load(REPO / name, ENV)
@@ -51,12 +58,73 @@ def test_amd_example_groups_and_durations() -> None:
         ("8", Gpu(count=8)),
         (4, Gpu(count=4)),
         ("MI300X", Gpu(model="MI300X", count=1)),
-        ("MI300X:192GB:8", Gpu(model="MI300X", count=8)),
+        ("MI300X:192GB:8", Gpu(model="MI300X", count=8, memory=Range(min=192, max=192))),
         ({"name": "MI300X", "count": 2}, Gpu(model="MI300X", count=2)),
+        # dstack's grammar (configurations' resources.gpu): vendor, names, memory, count.
+        ("H200", Gpu(names=("H200",), count=1)),
+        ("H200:8", Gpu(names=("H200",), count=8)),
+        ("nvidia", Gpu(vendor="nvidia")),
+        ("amd:4", Gpu(vendor="amd", count=4)),
+        ("NVIDIA:2", Gpu(vendor="nvidia", count=2)),
+        ("80GB..", Gpu(memory=Range(min=80, max=None))),
+        ("H100:80GB:2", Gpu(names=("H100",), count=2, memory=Range(min=80, max=80))),
+        ("H100,H200:8", Gpu(names=("H100", "H200"), count=8)),
+        ("nvidia:40GB..80GB:1..4", Gpu(vendor="nvidia", memory=Range(min=40, max=80), count=1)),
+        ("H200:2..", Gpu(names=("H200",), count=2)),
+        ("..4", Gpu(count=1)),
+        ({"name": ["H100", "H200"], "count": "2..8"}, Gpu(names=("H100", "H200"), count=2)),
+        (
+            {"vendor": "nvidia", "memory": "80GB..", "total_memory": "640GB"},
+            Gpu(
+                vendor="nvidia",
+                memory=Range(min=80, max=None),
+                total_memory=Range(min=640, max=640),
+            ),
+        ),
     ],
 )
 def test_gpu_forms(value: object, expected: Gpu) -> None:
     assert Gpu.parse(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("tpu", "pdctl places workers on amd or nvidia GPUs"),
+        ("H200::8", "has an empty part"),
+        ("H200:8:4", "gives the count twice"),
+        ("H100:H200", "gives the names twice"),
+        ("nvidia:amd", "gives the vendor twice"),
+        ("0", "a replica takes 1..64 GPUs"),
+        ("65", "a replica takes 1..64 GPUs"),
+        ("4..2", "MIN is above MAX"),
+        ("80GBx", "is not a GPU memory size"),
+        ("80GB..40GB", "MIN is above MAX"),
+        ("H,", "GPU name ''"),
+        ({"compute_capability": "9.0"}, "pdctl cannot check it"),
+        ({"name": "H200", "count": 1, "nvlink": True}, "unknown GPU field(s) nvlink"),
+        (True, "a GPU spec is text, a count or a mapping"),
+    ],
+)
+def test_gpu_forms_refused(value: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        Gpu.parse(value)
+
+
+def test_gpu_errors_name_file_line_and_field(tmp_path: Path) -> None:
+    text = BASE.replace("resources: {gpu: MI300X:4}", "resources: {gpu: 'H200:8:4'}")
+    with pytest.raises(SpecError) as caught:
+        parse(text, tmp_path / "pd.yml", ENV)
+    assert caught.value.message.startswith(f"{tmp_path / 'pd.yml'}:12: replicas[1].resources.gpu:")
+    assert "gives the count twice" in caught.value.message
+
+
+def test_gpu_describes_itself_as_written() -> None:
+    assert Gpu.parse("H200").describe() == "H200:1"
+    assert Gpu.parse("nvidia:80GB..:2").describe() == "nvidia:80GB..:2"
+    assert Gpu.parse({"name": ["H100", "H200"], "total_memory": "640GB.."}).describe() == (
+        "H100,H200:1 (total 640GB..)"
+    )
 
 
 def test_ranges() -> None:

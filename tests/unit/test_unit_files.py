@@ -26,6 +26,7 @@ from pdctl.errors import PdctlError
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build
 from pdctl.spec import parse
+from tests.hostfacts import nvidia_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = jinja2.Environment(
@@ -52,9 +53,13 @@ def _role_template(name: str) -> str:
 SERVICE_ENV = TEMPLATES.from_string(_role_template("service_env"))
 
 
-def _fleet() -> Fleet:
+def _fleet(gpu: dict[str, Any] | None = None) -> Fleet:
     checked = Preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00", checks=[])
-    gpu = {"cpus": 96, "memory_gb": 1024.0, "gpus": {"count": 8, "model": "AMD Instinct MI300X"}}
+    gpu = gpu or {
+        "cpus": 96,
+        "memory_gb": 1024.0,
+        "gpus": {"count": 8, "model": "AMD Instinct MI300X"},
+    }
     return Fleet(
         name="f",
         hosts=[
@@ -99,26 +104,35 @@ def _spec(**fields: Any) -> dict[str, Any]:
             {
                 "count": 1,
                 "commands": [fields.get("command", "true"), *prefill],
-                "resources": {"gpu": "MI300X:4"},
+                "resources": {"gpu": fields.get("gpu", "MI300X:4")},
             },
             {
                 "count": 1,
-                "commands": ["python -m sglang.launch_server --disaggregation-mode decode"],
-                "resources": {"gpu": "MI300X:4"},
+                "commands": [
+                    "python -m sglang.launch_server --disaggregation-mode decode"
+                    + fields.get("backend", "")
+                ],
+                "resources": {"gpu": fields.get("gpu", "MI300X:4")},
             },
         ],
         "probes": [{"type": "http", "url": fields.get("url", "/health"), "interval": "5s"}],
-        "pdctl": {"wheelhouse": fields.get("wheelhouse", "/opt/wheels")},
+        "pdctl": {
+            "wheelhouse": fields.get("wheelhouse", "/opt/wheels"),
+            "provider_lib": fields.get("pdctl_provider_lib", "auto"),
+        },
     }
 
 
-def _plan(fields: dict[str, Any], secret: str = "hf_x") -> Plan | None:
+def _plan(
+    fields: dict[str, Any], secret: str = "hf_x", facts: dict[str, Any] | None = None
+) -> Plan | None:
     text = yaml.safe_dump(_spec(**fields), allow_unicode=True)
     try:
         spec, env = parse(text, Path("pd.yml"), {"HF_TOKEN": secret})
-        return build(spec, env, _fleet(), secrets_digest="")
+        plan = build(spec, env, _fleet(facts), secrets_digest="")
     except PdctlError:
         return None  # refused: nothing is written
+    return plan if plan.slots() else None  # a host whose facts were refused takes no slot
 
 
 def _logical_lines(unit: str) -> list[str]:
@@ -146,12 +160,13 @@ def _directives(unit: str) -> list[str]:
     return found
 
 
-def _units(plan: Plan) -> dict[str, str]:
+def _units(plan: Plan, runtime: str = "podman") -> dict[str, str]:
     return {
         "worker": TEMPLATES.get_template("worker.service.j2").render(
             service=plan.service,
             group="prefill",
-            runtime="podman",
+            runtime=runtime,
+            vendor=plan.groups["prefill"].slots[0].vendor,
             volumes=plan.volumes,
             memlock=plan.memlock,
             privileged=plan.privileged,
@@ -188,9 +203,15 @@ BASELINE_DIRECTIVES = {name: _directives(text) for name, text in _units(BASELINE
 
 
 def _check(plan: Plan, secret: str = "hf_x") -> None:
-    for name, text in _units(plan).items():
-        assert text.split("\n") == [*text.splitlines(), ""], name  # no other line breaks
-        assert _directives(text) == BASELINE_DIRECTIVES[name], name
+    for runtime in ("podman", "docker"):
+        for name, text in _units(plan, runtime).items():
+            assert text.split("\n") == [*text.splitlines(), ""], name  # no other line breaks
+            assert _directives(text) == BASELINE_DIRECTIVES[name], name
+    for slot in plan.slots():
+        for value in slot.env().values():
+            # $PDCTL_DEVICE_ARGS is split into words by systemd, and the NICs are joined
+            # with ',' and ':': no value holds a quote, a space inside a word, or a '$'.
+            assert not set(value) & set("\"'\\$%\n"), value
     for name, (text, count) in _env_files(plan, secret).items():
         lines = text.split("\n")
         assert lines[-1] == "" and len(lines) - 1 == count, name
@@ -263,6 +284,47 @@ def test_accepted_secrets_keep_one_variable_per_line(secret: str) -> None:
     plan = _plan({}, secret=secret or "x")
     if plan is not None:
         _check(plan, secret or "x")
+
+
+NIC_NAMES = st.one_of(
+    NASTY,
+    st.lists(
+        st.sampled_from(["mlx5_", "0", " ", "\n", ":", ",", "$", '"', "\t", "X=1"]), max_size=8
+    ).map("".join),
+)
+
+
+@PROPERTY
+@given(
+    name=st.one_of(st.just("mlx5_0"), NIC_NAMES),
+    cdi=st.one_of(st.just("GPU-1a4626a2"), NASTY),
+    library=st.one_of(st.just("libmlx5-rdmav34.so"), NASTY),
+)
+def test_nvidia_facts_keep_one_directive_per_line(name: str, cdi: str, library: str) -> None:
+    """What the hosts report (NIC names, CDI names, the provider library's path) reaches the
+    slot env files and the units only when it is safe there; else the host is not used."""
+    facts = nvidia_facts()
+    facts["rdma"]["devices"][0]["name"] = name
+    facts["nvidia"]["cdi_devices"].append(cdi)
+    facts["rdma"]["provider_libs"]["mlx5"] = "/usr/lib/" + library
+    for backend in ("", " --disaggregation-transfer-backend nixl"):
+        fields = {"gpu": "H200:4", "backend": backend, "pdctl_provider_lib": "host"}
+        plan = _plan(fields, facts=facts)
+        if plan is not None:
+            _check(plan)
+            assert plan.groups["prefill"].slots[0].vendor == "nvidia"
+
+
+def test_nvidia_units_and_env_files_have_the_baseline_directives() -> None:
+    for backend in ("", " --disaggregation-transfer-backend nixl"):
+        plan = _plan({"gpu": "H200:4", "backend": backend}, facts=nvidia_facts())
+        assert plan is not None
+        _check(plan)
+        decode = plan.groups["decode"].slots[0].env()
+        assert decode["PDCTL_RDMA_DEVICES"] == "mlx5_4,mlx5_5,mlx5_6,mlx5_7"
+        assert ("UCX_NET_DEVICES" in decode) == bool(backend)
+        worker = _units(plan, "docker")["worker"]
+        assert '--gpus "\\"device=${PDCTL_GPU_IDS}\\""' in worker and "/dev/kfd" not in worker
 
 
 def test_the_baseline_has_each_directive_once() -> None:

@@ -22,8 +22,11 @@ options:
   kind: {description: gpu or cpu (CPU hosts skip the GPU/RDMA checks)., type: str, required: true}
   expected_gpus: {description: GPUs a GPU host must have., type: int, default: 8}
   gpu_model: {description: Substring the GPU model must contain (empty for any)., type: str, default: MI300X}
+  gpu_vendor: {description: amd or nvidia., type: str, default: amd}
   expected_nics: {description: RDMA devices a GPU host must have., type: int, default: 8}
-  nic_prefix: {description: RDMA device name prefix., type: str, default: bnxt_re}
+  nic_driver: {description: "The NICs' libibverbs provider name (bnxt_re, mlx5, ...).", type: str, default: bnxt_re}
+  nic_prefix: {description: Usual device name prefix (empty derives it from nic_driver)., type: str, default: ""}
+  link_layer: {description: eth (RoCE) or ib (InfiniBand)., type: str, default: eth}
   provider_lib: {description: Path of the libibverbs provider library., type: str, required: true}
   gid_index: {description: GID index that must be RoCE v2 (Mooncake's MC_GID_INDEX)., type: int, default: 3}
   min_disk_gb: {description: Free GB needed on the container storage path., type: float, default: 50}
@@ -49,8 +52,11 @@ def main() -> None:
             "kind": {"type": "str", "required": True, "choices": ["gpu", "cpu"]},
             "expected_gpus": {"type": "int", "default": 8},
             "gpu_model": {"type": "str", "default": "MI300X"},
+            "gpu_vendor": {"type": "str", "default": "amd", "choices": ["amd", "nvidia", "any"]},
             "expected_nics": {"type": "int", "default": 8},
-            "nic_prefix": {"type": "str", "default": "bnxt_re"},
+            "nic_driver": {"type": "str", "default": "bnxt_re"},
+            "nic_prefix": {"type": "str", "default": ""},
+            "link_layer": {"type": "str", "default": "eth", "choices": ["eth", "ib", "auto"]},
             "provider_lib": {"type": "str", "required": True},
             "gid_index": {"type": "int", "default": 3},
             "min_disk_gb": {"type": "float", "default": 50.0},
@@ -60,16 +66,20 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        expect = Expectations(
+            kind=params["kind"], gpus=params["expected_gpus"], gpu_model=params["gpu_model"] or None,
+            nics=params["expected_nics"], nic_prefix=params["nic_prefix"] or None,
+            provider_lib=params["provider_lib"], gid_index=params["gid_index"],
+            min_disk_gb=params["min_disk_gb"], gpu_vendor=params["gpu_vendor"],
+            nic_driver=params["nic_driver"], link_layer=params["link_layer"],
+        )
+    except ValueError as exc:
+        module.fail_json(msg=f"{params['host']}: {exc}")
     raw = collect(
         provider_lib=params["provider_lib"],
         storage_paths=params["storage_paths"],
         peers=[(str(address), int(port)) for address, port in params["peers"]],
-    )
-    expect = Expectations(
-        kind=params["kind"], gpus=params["expected_gpus"], gpu_model=params["gpu_model"] or None,
-        nics=params["expected_nics"], nic_prefix=params["nic_prefix"],
-        provider_lib=params["provider_lib"], gid_index=params["gid_index"],
-        min_disk_gb=params["min_disk_gb"],
     )
     checks = evaluate(params["host"], raw, expect)
     module.exit_json(changed=False, ok=all(c.ok for c in checks),

@@ -1,0 +1,322 @@
+"""dstack's SMG example on NVIDIA hosts, end to end: `pdctl lab up --hosts 3 --cpu-hosts 1
+--gpu H200`, the example file with only its image and the router's `cpu: 4` changed for the
+lab, deployed with `pdctl deploy`; a chat through SMG; every worker container holds exactly
+its slot's NVIDIA devices (given by real podman CDI) and no ROCm device, its NIC nearest its
+GPU in PDCTL_RDMA_DEVICES and UCX_NET_DEVICES; scale and destroy.
+
+The tests run in file order and share one deployment. Everything is the real program (sshd,
+Ansible, systemd, podman with CDI, SMG, the scaler) but the GPUs and SGLang itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "pd-nvidia-h200.yml"
+SERVICE = "glm-air"
+GPU_NODES = ("node2", "node3")
+
+
+@dataclass
+class Deployment:
+    lab: Lab
+    env: dict[str, str]
+    spec: Path
+
+    def pdctl(self, *args: str, check: bool = True) -> Any:
+        return pdctl(self.lab.home, *args, env=self.env, check=check)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.pdctl("--json", *args).stdout)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.json("status", SERVICE)
+        return doc
+
+    def root(self, node: str, command: str) -> str:
+        return str(self.lab.ssh(node, command, user="root").stdout)
+
+    def active(self) -> list[tuple[str, str, int]]:
+        """(group, node, slot) of every running replica."""
+        found = []
+        for role in ("prefill", "decode"):
+            for replica in self.status()["groups"][role]["replicas"]:
+                if replica["state"] == "active":
+                    found.append((role, self.lab.node_at(replica["host"]), replica["slot"]))
+        return found
+
+    def serving(self, role: str) -> int:
+        replicas = self.status()["groups"][role]["replicas"]
+        return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
+
+    def api_key(self) -> str:
+        return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])
+
+
+# The lab's SGLang stand-in looks for one provider library file, the bnxt_re one, unless told
+# another: on NVIDIA lab hosts the "image's own" libmlx5 (the lab mounts it into every
+# container, as CUDA images carry it) is named here. A real worker needs no such line;
+# remove it once the stand-in finds the image's providers by glob, as libibverbs does.
+STAND_IN_PROVIDER = "PDFAKE_PROVIDER_LIB=/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so"
+
+
+def chat_when_ready(endpoint: str, text: str, key: str) -> tuple[int, dict[str, Any]]:
+    """A chat once SMG has health-checked the new workers: the example keeps SMG's health
+    check interval (pdctl's default, 10 s), and a registered worker serves after its first."""
+    deadline = time.monotonic() + 90
+    while True:
+        status, body = chat(endpoint, text, key)
+        if status != 503 or time.monotonic() > deadline:
+            return status, body
+        time.sleep(2)
+
+
+def lab_spec(image: str) -> str:
+    """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
+    (the lab's CPU host has fewer cores). Nothing else changes (but the stand-in's knob)."""
+    text = EXAMPLE.read_text()
+    router_cpu = "    resources:\n      cpu: 4\n"
+    assert text.count(router_cpu) == 1 and text.count("image: lmsysorg/sglang:v0.5.5\n") == 1
+    text = text.replace(router_cpu, "")
+    text = text.replace("  - HF_TOKEN\n", f"  - HF_TOKEN\n  - {STAND_IN_PROVIDER}\n")
+    return text.replace("image: lmsysorg/sglang:v0.5.5\n", f"image: {image}\n")
+
+
+@pytest.fixture(scope="module")
+def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    require_lab()
+    home = tmp_path_factory.mktemp("nvidia")
+    up = ("lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "H200")
+    try:
+        # `lab up` converges: on a loaded machine a host may miss the boot deadline once.
+        if pdctl(home, *up, check=False).returncode != 0:
+            pdctl(home, *up)
+        lab = Lab(home)
+        status = lab.status()
+        pdctl(home, *status["fleet_add"].split()[1:])
+        spec = home / "pd.yml"
+        spec.write_text(lab_spec(status["worker_image"]))
+        deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
+        yield deployment
+        deployment.pdctl("destroy", SERVICE, "-y", check=False)
+    finally:
+        pdctl(home, "lab", "down", check=False)
+
+
+def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None:
+    doc = nv.json("plan", str(nv.spec), "--fleet", "lab")
+    slots = [s for group in doc["plan"]["groups"].values() for s in group["slots"]]
+    assert len(slots) == 12 and {s["vendor"] for s in slots} == {"nvidia"}
+    for slot in slots:
+        (gpu,) = slot["gpus"]
+        assert slot["rdma_devices"] == [f"mlx5_{gpu}"], slot
+        assert slot["ucx_net_devices"] == [f"mlx5_{gpu}:1"], slot
+    assert doc["plan"]["volumes"] == []  # CUDA images carry libmlx5: nothing mounted
+    assert doc["plan"]["notes"] == []
+    text = nv.pdctl("plan", str(nv.spec), "--fleet", "lab").stdout
+    assert "nics" in text and "mlx5_0" in text
+
+
+def test_the_smg_example_deploys_and_chats_through_smg(nv: Deployment) -> None:
+    doc = nv.json("deploy", str(nv.spec), "--fleet", "lab", "-y")
+    assert doc["endpoint"].endswith(":8000")
+    status, body = chat_when_ready(doc["endpoint"], "hello from an H200", nv.api_key())
+    assert status == 200, body
+    answer = body["choices"][0]["message"]["content"]
+    assert answer.startswith("[decode ") and "hello from an H200" in answer
+
+
+def _devices(nv: Deployment, node: str, container: str) -> tuple[set[str], str, str]:
+    """The container's /dev entries (and /dev/dri's, if any), its env, its mounts."""
+    listing = nv.root(node, f"podman exec {container} sh -c 'ls /dev; ls /dev/dri 2>/dev/null'")
+    env = nv.root(node, f"podman exec {container} env")
+    mounts = nv.root(node, f"podman inspect --format '{{{{json .Mounts}}}}' {container}")
+    return set(listing.split()), env, mounts
+
+
+def test_every_worker_container_has_nvidia_devices_only(nv: Deployment) -> None:
+    running = nv.active()
+    assert {role for role, _node, _slot in running} == {"prefill", "decode"}
+    slots = {
+        (s["group"], s["index"]): s
+        for g in nv.json("plan", str(nv.spec), "--fleet", "lab")["plan"]["groups"].values()
+        for s in g["slots"]
+    }
+    for role, node, index in running:
+        container = f"pd-{SERVICE}-{role}-{index}"
+        devices, env, mounts = _devices(nv, node, container)
+        (gpu,) = slots[(role, index)]["gpus"]
+        gpus = {d for d in devices if re.fullmatch(r"nvidia\d+", d)}
+        assert gpus == {f"nvidia{gpu}"}, (container, devices)
+        assert {"nvidiactl", "nvidia-uvm"} <= devices, (container, devices)
+        assert "kfd" not in devices and not any(d.startswith("renderD") for d in devices)
+        assert (
+            f"PDCTL_RDMA_DEVICES=mlx5_{gpu}\n" in env and f"UCX_NET_DEVICES=mlx5_{gpu}:1\n" in env
+        )
+        assert "ROCR_VISIBLE_DEVICES" not in env and "libbnxt_re" not in mounts
+    unit = nv.root(GPU_NODES[0], f"cat /etc/systemd/system/pd-{SERVICE}-decode@.service")
+    assert "$PDCTL_DEVICE_ARGS --device /dev/infiniband" in unit
+    assert "/dev/kfd" not in unit and "--group-add video" not in unit
+
+
+def test_scale_out_and_in(nv: Deployment) -> None:
+    nv.pdctl("scale", SERVICE, "decode", "3")
+    deadline = time.monotonic() + 180
+    while nv.serving("decode") != 3:
+        assert time.monotonic() < deadline, nv.status()
+        time.sleep(2)
+    decodes = [(node, slot) for role, node, slot in nv.active() if role == "decode"]
+    seen: set[tuple[str, str]] = set()
+    for node, slot in decodes:
+        devices, _env, _mounts = _devices(nv, node, f"pd-{SERVICE}-decode-{slot}")
+        (gpu,) = [d for d in devices if re.fullmatch(r"nvidia\d+", d)]
+        assert (node, gpu) not in seen  # no GPU is handed to two replicas
+        seen.add((node, gpu))
+    status, body = chat_when_ready(nv.status()["endpoint"], "after scaling out", nv.api_key())
+    assert status == 200 and "after scaling out" in body["choices"][0]["message"]["content"]
+    nv.pdctl("scale", SERVICE, "decode", "1")
+    deadline = time.monotonic() + 180
+    while nv.serving("decode") != 1:
+        assert time.monotonic() < deadline, nv.status()
+        time.sleep(2)
+    nv.pdctl("scale", SERVICE, "decode", "auto")
+
+
+def test_docker_gets_the_slots_gpus_as_one_csv_field(nv: Deployment) -> None:
+    """The docker variant of the worker unit, run by the lab host's real systemd with a
+    `docker` that records its argv: `--gpus` gets `"device=0,1"`, which docker's CSV reader
+    (Go's encoding/csv; Python's csv reads it the same) takes as one field, device=0,1."""
+    node, check = GPU_NODES[1], "pd-gpuscheck"
+    unit = (
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(ROOT / "templates"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+        .get_template("worker.service.j2")
+        .render(
+            service="gpuscheck",
+            group="prefill",
+            runtime="docker",
+            vendor="nvidia",
+            volumes=[],
+            memlock="unlimited",
+            privileged=False,
+            start_timeout=60,
+            stop_timeout=5,
+            config_dir=f"/run/{check}",
+            container=f"{check}-prefill-%i",
+        )
+    )
+    shim = '#!/bin/sh\n[ "$1" = run ] && printf \'%s\\n\' "$@" > /run/pd-gpuscheck/argv\nexit 0\n'
+    slot_env = (
+        "PDCTL_GPU_IDS=0,1\nPDCTL_DEVICE_ARGS=--device nvidia.com/gpu=0 --device nvidia.com/gpu=1\n"
+    )
+    files = {
+        "/usr/local/bin/docker": shim,
+        f"/run/{check}/prefill.env": "PDCTL_IMAGE=img:1\nPDCTL_CONFIG=c0ffee\n",
+        f"/run/{check}/prefill-1.env": slot_env,
+        f"/etc/systemd/system/{check}-prefill@.service": unit,
+    }
+    script = f"mkdir -p /run/{check}; " + "; ".join(
+        f"printf %s {shlex.quote(text)} > {path}" for path, text in files.items()
+    )
+    nv.root(node, script + "; chmod +x /usr/local/bin/docker; systemctl daemon-reload")
+    try:
+        nv.root(node, f"systemctl start {check}-prefill@1.service; sleep 1")
+        argv = nv.root(node, f"cat /run/{check}/argv").splitlines()
+    finally:
+        nv.root(
+            node,
+            f"systemctl stop {check}-prefill@1.service; rm -rf /run/{check} "
+            f"/usr/local/bin/docker /etc/systemd/system/{check}-prefill@.service; "
+            "systemctl daemon-reload",
+        )
+    gpus = argv[argv.index("--gpus") + 1]
+    assert gpus == '"device=0,1"'
+    assert next(csv.reader([gpus])) == ["device=0,1"]
+    assert "/dev/kfd" not in argv and "nvidia.com/gpu=0" not in argv
+
+
+def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
+    nv.pdctl("destroy", SERVICE, "-y")
+    for node in ("node1", *GPU_NODES):
+        left = nv.lab.ssh(
+            node,
+            "ls /etc/systemd/system | grep -c '^pd-';"
+            " podman ps -a --format '{{.Names}}' 2>/dev/null | grep -c '^pd-'",
+            user="root",
+            check=False,
+        ).stdout.split()
+        assert left == ["0", "0"], (node, left)
+    assert pdctl_json(nv.lab.home, "fleet", "show", "lab")["services"] == {}
+    pdctl(nv.lab.home, "lab", "down")  # before the mixed lab boots: one lab at a time
+
+
+# ---------------------------------------------------------------- a fleet of both vendors
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """node1 CPU-only, node2 8x MI300X with bnxt_re, node3 8x H200 with mlx5: one fleet."""
+    require_lab()
+    home = tmp_path_factory.mktemp("mixed")
+    up = ("lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "MI300X", "--gpu", "H200")
+    env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
+    try:
+        if pdctl(home, *up, check=False).returncode != 0:
+            pdctl(home, *up)
+        lab = Lab(home)
+        pdctl(home, *lab.status()["fleet_add"].split()[1:])
+        yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
+        for service in ("pdlab", SERVICE):
+            pdctl(home, "destroy", service, "-y", env=env, check=False)
+    finally:
+        pdctl(home, "lab", "down", check=False)
+
+
+def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) -> None:
+    status = mixed.lab.status()
+    assert [h["gpu_model"] for h in status["hosts"]] == [None, "MI300X", "H200"]
+    amd_spec = mixed.lab.home / "amd.yml"
+    amd_spec.write_text((ROOT / "examples" / "lab" / "pd.yml").read_text())
+    nvidia = lab_spec(status["worker_image"]).replace("port: 8000\nmodel:", "port: 8001\nmodel:")
+    mixed.spec.write_text(nvidia + "pdctl:\n  router:\n    metrics_port: 29001\n")
+    amd = mixed.json("deploy", str(amd_spec), "--fleet", "lab", "--allow-partial", "-y")
+    nv = mixed.json("deploy", str(mixed.spec), "--fleet", "lab", "--allow-partial", "-y")
+    for service, doc, node, vendor in (
+        ("pdlab", amd, "node2", "amd"),
+        (SERVICE, nv, "node3", "nvidia"),
+    ):
+        plan = mixed.json("plan", str(amd_spec if vendor == "amd" else mixed.spec), "--fleet",
+                          "lab", "--allow-partial")["plan"]  # fmt: skip
+        slots = [s for group in plan["groups"].values() for s in group["slots"]]
+        assert {mixed.lab.node_at(s["host"]) for s in slots} == {node}, (service, slots)
+        assert {s["vendor"] for s in slots} == {vendor}
+        key = mixed.json("endpoint", service, "--show-key")["api_key"]
+        code, body = chat_when_ready(doc["endpoint"], f"hello {vendor}", key)
+        assert code == 200 and f"hello {vendor}" in body["choices"][0]["message"]["content"]
+    amd_devices, amd_env, _ = _devices(mixed, "node2", "pd-pdlab-prefill-1")
+    assert "kfd" in amd_devices and not any(re.fullmatch(r"nvidia\d*", d) for d in amd_devices)
+    assert {"renderD128", "renderD131"} <= amd_devices and "ROCR_VISIBLE_DEVICES=0,1,2,3" in amd_env
+    assert "PDCTL_RDMA_DEVICES=bnxt_re0,bnxt_re1,bnxt_re2,bnxt_re3\n" in amd_env
+    nv_devices, nv_env, _ = _devices(mixed, "node3", f"pd-{SERVICE}-prefill-1")
+    assert "kfd" not in nv_devices and not any(d.startswith("renderD") for d in nv_devices)
+    assert {d for d in nv_devices if re.fullmatch(r"nvidia\d+", d)} == {"nvidia0"}
+    assert "UCX_NET_DEVICES=mlx5_0:1\n" in nv_env
