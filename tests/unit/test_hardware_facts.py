@@ -69,6 +69,7 @@ def test_facts_healthy_gpu_host() -> None:
         "kfd",
         "render_nodes",
         "rdma",
+        "nvidia",
         "runtime",
         "errors",
     ]
@@ -76,12 +77,16 @@ def test_facts_healthy_gpu_host() -> None:
     assert summary["os"]["pretty_name"] == "Debian GNU/Linux 12 (bookworm)"
     assert (summary["cpus"], summary["memory_gb"], summary["disk_free_gb"]) == (192, 2048.0, 400.0)
     assert summary["disk_path"] == "/var/lib/containers"
-    assert summary["gpus"] == {
+    gpus = summary["gpus"]
+    assert {k: gpus[k] for k in ("count", "model", "source", "bdfs", "vendor")} == {
         "count": 8,
-        "model": "AMD Instinct MI300X",
+        "model": "MI300X",  # dstack's spelling, from "AMD Instinct MI300X"
         "source": "amd-smi",
         "bdfs": BDFS,
+        "vendor": "amd",
     }
+    assert [d["index"] for d in gpus["devices"]] == list(range(8))
+    assert summary["nvidia"] is None
     assert (summary["kfd"], summary["render_nodes"], summary["systemd"]) == (True, 8, True)
     rdma = summary["rdma"]
     assert [d["name"] for d in rdma["devices"]] == [f"bnxt_re{k}" for k in range(8)]
@@ -96,8 +101,22 @@ def test_facts_healthy_gpu_host() -> None:
 
 def test_facts_cpu_host() -> None:
     summary = facts(make_raw(kind="cpu"))
-    assert summary["gpus"] == {"count": 0, "model": None, "source": None, "bdfs": []}
-    assert summary["rdma"] == {"devices": [], "provider_lib": False, "warnings": []}
+    assert summary["gpus"] == {
+        "count": 0,
+        "model": None,
+        "source": None,
+        "bdfs": [],
+        "vendor": None,
+        "memory_mib": None,
+        "driver": None,
+        "devices": [],
+    }
+    assert summary["rdma"] == {
+        "devices": [],
+        "provider_libs": {},
+        "provider_lib": False,
+        "warnings": [],
+    }
     assert (summary["kfd"], summary["render_nodes"], summary["cpus"]) == (False, 0, 32)
     assert summary["runtime"]["usable"] is True
     assert summary["errors"] == []
@@ -116,6 +135,7 @@ def test_facts_provider_lib_missing_with_warning() -> None:
     summary = facts(make_raw(provider=False))
     assert summary["rdma"] == {
         "devices": [],
+        "provider_libs": {},
         "provider_lib": False,
         "warnings": [REF_PROVIDER_WARNING],
     }
@@ -131,7 +151,7 @@ def test_facts_gpu_missing_renumbered() -> None:
     summary = facts(make_raw(gpu=gpu))
     assert summary["gpus"]["count"] == 7
     assert summary["gpus"]["bdfs"] == [b for b in BDFS if b != "0000:46:00.0"]
-    assert summary["gpus"]["model"] == "AMD Instinct MI300X"
+    assert summary["gpus"]["model"] == "MI300X"
 
 
 def test_facts_no_runtime() -> None:
@@ -173,8 +193,22 @@ def test_facts_nothing_installed() -> None:
         kfd=False,
     )
     summary = facts(raw)
-    assert summary["gpus"] == {"count": 0, "model": None, "source": None, "bdfs": []}
-    assert summary["rdma"] == {"devices": [], "provider_lib": False, "warnings": []}
+    assert summary["gpus"] == {
+        "count": 0,
+        "model": None,
+        "source": None,
+        "bdfs": [],
+        "vendor": None,
+        "memory_mib": None,
+        "driver": None,
+        "devices": [],
+    }
+    assert summary["rdma"] == {
+        "devices": [],
+        "provider_libs": {},
+        "provider_lib": False,
+        "warnings": [],
+    }
     assert summary["runtime"]["name"] is None
     assert summary["errors"] == []
 
@@ -186,11 +220,13 @@ def test_facts_rocm_smi_fallback_when_amd_smi_fails() -> None:
         "rocm_smi": cmd(["rocm-smi", "--showproductname", "--json"], 0, ROCM_SMI_SERIES_LOWER),
     }
     summary = facts(make_raw(gpu=gpu))
-    assert summary["gpus"] == {
+    gpus = summary["gpus"]
+    assert {k: gpus[k] for k in ("count", "model", "source", "bdfs", "vendor")} == {
         "count": 1,
-        "model": "AMD INSTINCT MI200 (MCM) OAM LC MBA HPE C2",
+        "model": "MI200",  # dstack's spelling, from "AMD INSTINCT MI200 (MCM) OAM LC MBA HPE C2"
         "source": "rocm-smi",
         "bdfs": [],
+        "vendor": "amd",
     }
     assert summary["errors"] == ["amd-smi list --json exited 1: Traceback ..."]
 
@@ -209,7 +245,16 @@ def test_facts_amdgpu_not_loaded() -> None:
         ),
     }
     summary = facts(make_raw(gpu=gpu, kfd=False))
-    assert summary["gpus"] == {"count": 0, "model": None, "source": "rocm-smi", "bdfs": []}
+    assert summary["gpus"] == {
+        "count": 0,
+        "model": None,
+        "source": "rocm-smi",
+        "bdfs": [],
+        "vendor": None,
+        "memory_mib": None,
+        "driver": None,
+        "devices": [],
+    }
     assert summary["errors"] == [
         "amd-smi list --json exited 255: ERROR:root:Unable to get devices, driver not initialized "
         "(amdgpu not found in modules)",
@@ -413,7 +458,7 @@ def test_fakes_healthy_host_end_to_end(fake_host: FakeHost) -> None:
     assert (raw["kfd"], raw["systemd"], len(raw["render_nodes"])) == (True, True, 8)
     summary = facts(raw)
     assert summary["gpus"]["count"] == 8
-    assert summary["gpus"]["model"] == "AMD Instinct MI300X"
+    assert summary["gpus"]["model"] == "MI300X"
     assert summary["gpus"]["bdfs"][0] == "0000:05:00.0"
     assert [d["name"] for d in summary["rdma"]["devices"]] == [f"bnxt_re{k}" for k in range(8)]
     assert summary["runtime"] == {"name": "podman", "version": "4.3.1", "usable": True}
