@@ -28,6 +28,7 @@ other modules of this package.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -47,7 +48,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
+
+from .capacity import (
+    DEFAULT_DECODE_TOKEN_FLOOR_MS,
+    DEFAULT_DECODE_TOKENS_PER_S,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    KV_WAIT_LIMIT_SECS,
+    TTFT_BUCKETS,
+    DecodeSlot,
+    Histogram,
+    KvRooms,
+    PrefillSlot,
+    Rates,
+)
 
 VERSION = "0.5.x-pdctl-lab"
 DEFAULT_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
@@ -377,6 +393,12 @@ class Runtime:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._recent: deque[tuple[float, int]] = deque()
+        self.prefill = PrefillSlot()
+        self.decode = DecodeSlot()
+        self.rooms = KvRooms()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
 
     @property
     def draining(self) -> bool:
@@ -395,6 +417,36 @@ class Runtime:
             setting("PDFAKE_LATENCY_MS", "worker_latency_ms", DEFAULT_LATENCY_MS, self.state.read())
             / 1000.0
         )
+
+    def rates(self) -> Rates:
+        state = self.state.read()
+        floor_ms = setting(
+            "PDFAKE_DECODE_TOKEN_FLOOR_MS",
+            "decode_token_floor_ms",
+            DEFAULT_DECODE_TOKEN_FLOOR_MS,
+            state,
+        )
+        return Rates(
+            prefill_tokens_per_s=setting(
+                "PDFAKE_PREFILL_TOKENS_PER_S",
+                "prefill_tokens_per_s",
+                DEFAULT_PREFILL_TOKENS_PER_S,
+                state,
+            ),
+            decode_tokens_per_s=setting(
+                "PDFAKE_DECODE_TOKENS_PER_S",
+                "decode_tokens_per_s",
+                DEFAULT_DECODE_TOKENS_PER_S,
+                state,
+            ),
+            decode_floor_s=floor_ms / 1000.0,
+        )
+
+    def load(self) -> tuple[int, int]:
+        """(running, queued) generations: queued ones wait for the prefill slot."""
+        _, queued = self.prefill.load()
+        queued = min(queued, self.inflight)
+        return self.inflight - queued, queued
 
     def begin(self) -> bool:
         """Admit one generation; False once draining."""
@@ -446,6 +498,30 @@ class Answer:
     text: str
     prompt_tokens: int
     completion_tokens: int
+    finish: str = "stop"
+
+
+class BadRequest(ValueError):
+    """A request SGLang would answer with HTTP 400."""
+
+
+def token_limit(path: str, body: Json) -> int | None:
+    """The number of tokens to generate the request asks for, if any: ``max_tokens`` or
+    ``max_completion_tokens`` (OpenAI), ``sampling_params.max_new_tokens`` (/generate)."""
+    candidates: list[tuple[str, object]] = [
+        ("max_completion_tokens", body.get("max_completion_tokens")),
+        ("max_tokens", body.get("max_tokens")),
+    ]
+    params = body.get("sampling_params")
+    if path == "/generate" and isinstance(params, dict):
+        candidates = [("sampling_params.max_new_tokens", params.get("max_new_tokens"))]
+    for name, value in candidates:
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
+        return value
+    return None
 
 
 def count_tokens(text: str) -> int:
@@ -486,14 +562,19 @@ def text_prompts(value: object) -> list[str]:
     return [""]
 
 
-def make_answer(cfg: ServerConfig, prompt: str, context: str) -> Answer:
-    """The deterministic reply; a prefill worker's is empty (the router discards it)."""
+def make_answer(cfg: ServerConfig, prompt: str, context: str, limit: int | None) -> Answer:
+    """The deterministic reply: the worker's name and the prompt, its words cycled or cut to
+    ``limit`` tokens when the request sets one (then it ends on ``length``, as an engine does
+    at max_tokens); a prefill worker's is empty (the router discards it)."""
     if cfg.mode == "prefill":
-        text = ""
-    else:
-        who = f"{cfg.label} {cfg.hostname}:{cfg.port} model={cfg.served_model_name}"
-        text = f"[{who}] echo: {prompt}"
-    return Answer(text, count_tokens(context), count_tokens(text))
+        return Answer("", count_tokens(context), 0)
+    who = f"{cfg.label} {cfg.hostname}:{cfg.port} model={cfg.served_model_name}"
+    text = f"[{who}] echo: {prompt}"
+    if limit is None:
+        return Answer(text, count_tokens(context), count_tokens(text))
+    words = text.split()
+    text = " ".join(words[i % len(words)] for i in range(limit))
+    return Answer(text, count_tokens(context), limit, "length")
 
 
 def pieces(text: str) -> list[str]:
@@ -517,6 +598,16 @@ def request_model(cfg: ServerConfig, body: Json) -> str:
 def wants_usage_chunk(body: Json) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def bootstrap_room(body: Json) -> str | None:
+    """The request's KV room (a batch carries a list; its first names the hand-off)."""
+    room: object = body.get("bootstrap_room")
+    if isinstance(room, list):
+        room = room[0] if room else None
+    if isinstance(room, bool) or not isinstance(room, int | str):
+        return None
+    return str(room)
 
 
 def bootstrap_target(body: Json) -> tuple[str, int] | None:
@@ -550,24 +641,107 @@ def probe_bootstrap(host: str, port: int, timeout: float = BOOTSTRAP_TIMEOUT_SEC
     return None
 
 
+def wait_for_kv(host: str, port: int, room: str) -> str:
+    """Ask the prefill's bootstrap server to answer once the room's prefill has finished (the
+    decode cannot start before the KV cache arrives): ``ready``, ``unknown``, ``timeout``, or
+    the error that cut the wait short."""
+    conn = http.client.HTTPConnection(host, port, timeout=KV_WAIT_LIMIT_SECS + 10)
+    try:
+        conn.request("GET", f"/kv?room={quote(room)}")
+        reply = conn.getresponse()
+        data = json.loads(reply.read() or b"{}")
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"error: {exc}"
+    finally:
+        conn.close()
+    state = data.get("state") if isinstance(data, dict) else None
+    return state if isinstance(state, str) else "error: no state in the answer"
+
+
+class Pace:
+    """When each token of one request is due under the capacity model (pdctl/lab/worker/sglang/
+    capacity.py), and the TTFT, ITL and end-to-end latencies it records.
+
+    The first token follows the prompt's turn on the prefill slot (a decode worker instead
+    waits for its prefill's KV hand-off); each later one the decode slot's share."""
+
+    def __init__(self, rt: Runtime, prompt_tokens: int, body: Json, started: float) -> None:
+        self.rt = rt
+        self.rates = rt.rates()
+        self.latency = rt.latency_secs()
+        self.prompt_tokens = prompt_tokens
+        self.target = bootstrap_target(body)
+        self.room = bootstrap_room(body)
+        self.started = started
+        self.last: float | None = None
+        self.decoding = False
+
+    def token(self, index: int) -> None:
+        """Wait until token ``index`` (0-based) of the answer is due."""
+        if self.last is None:
+            self._first()
+        elif index > 0:
+            self._next()
+
+    def run(self, tokens: int) -> None:
+        """The whole answer's time, for a non-streamed reply."""
+        self._first()
+        for _ in range(1, tokens):
+            self._next()
+
+    def _first(self) -> None:
+        time.sleep(self.latency)
+        mode = self.rt.cfg.mode
+        if mode == "decode":
+            if self.target is not None and self.room is not None:
+                outcome = wait_for_kv(*self.target, self.room)
+                if outcome != "ready":
+                    log(f"KV hand-off for room {self.room}: {outcome}; decoding anyway", "WARNING")
+        else:
+            _, end = self.rt.prefill.book(self.prompt_tokens, self.rates.prefill_tokens_per_s)
+            time.sleep(max(0.0, end - time.monotonic()))
+            if mode == "prefill" and self.room is not None:
+                self.rt.rooms.finished(self.room)
+        self.last = time.monotonic()
+        self.rt.ttft.observe(self.last - self.started)
+        if mode != "prefill":
+            self.rt.decode.enter()
+            self.decoding = True
+
+    def _next(self) -> None:
+        time.sleep(self.rates.itl(self.rt.decode.streams))
+        now = time.monotonic()
+        if self.last is not None:
+            self.rt.itl.observe(now - self.last)
+        self.last = now
+
+    def close(self, served: bool) -> None:
+        if self.decoding:
+            self.rt.decode.leave()
+            self.decoding = False
+        if served:
+            self.rt.e2e.observe(time.monotonic() - self.started)
+
+
 # --------------------------------------------------------------------------- response bodies
 
 
 def chat_body(cfg: ServerConfig, body: Json, answer: Answer, rid: str) -> Json:
     message = {"role": "assistant", "content": answer.text, "tool_calls": None}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": answer.finish}
     return {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request_model(cfg, body),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [choice],
         "usage": usage(answer),
     }
 
 
 def completion_body(cfg: ServerConfig, body: Json, answers: list[Answer], rid: str) -> Json:
     choices = [
-        {"index": i, "text": a.text, "logprobs": None, "finish_reason": "stop"}
+        {"index": i, "text": a.text, "logprobs": None, "finish_reason": a.finish}
         for i, a in enumerate(answers)
     ]
     total = Answer(
@@ -585,10 +759,17 @@ def completion_body(cfg: ServerConfig, body: Json, answers: list[Answer], rid: s
     }
 
 
+def finish_reason(answer: Answer) -> Json:
+    """/generate's finish reason: ``stop`` at the end of the answer, ``length`` at the limit."""
+    if answer.finish == "length":
+        return {"type": "length", "length": answer.completion_tokens}
+    return {"type": "stop", "matched": None}
+
+
 def generate_item(answer: Answer, rid: str, text: str, finished: bool, started: float) -> Json:
     meta: Json = {
         "id": rid,
-        "finish_reason": {"type": "stop", "matched": None} if finished else None,
+        "finish_reason": finish_reason(answer) if finished else None,
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": count_tokens(text),
         "cached_tokens": 0,
@@ -662,15 +843,20 @@ class BootstrapHandler(BaseHandler):
     """The prefill's KV bootstrap server: enough of it for a decode to reach it."""
 
     timeout = 10
+    rooms: ClassVar[KvRooms]
 
     def handle(self) -> None:
         log(f"KV bootstrap connection from {self.client_address[0]}:{self.client_address[1]}")
         super().handle()
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         if path == "/health":
             self.send_body(200, b"OK", "text/plain; charset=utf-8")
+        elif path == "/kv":
+            room = (parse_qs(url.query).get("room") or [""])[0]
+            self.send_json(200, {"room": room, "state": self.rooms.wait(room)})
         elif path == "/route":
             self.send_json(200, {"status": "ok", "bootstrap": "pdctl-lab"})
         else:
@@ -824,19 +1010,29 @@ class WorkerHandler(BaseHandler):
         if not isinstance(body, dict):
             self.send_error_json(400, "The request body must be a JSON object")
             return
+        try:
+            limit = token_limit(path, body)
+        except BadRequest as exc:
+            self.send_error_json(400, str(exc))
+            return
         if not self.runtime.begin():
             self.send_error_json(503, "The server is shutting down; not accepting new requests")
             return
         self._quiet = True
         started = time.monotonic()
+        room = bootstrap_room(body) if self.cfg.mode == "prefill" else None
+        if room is not None:
+            self.runtime.rooms.arrived(room)
         status, answers = 500, list[Answer]()
         try:
-            status, answers = self._generate(path, body, started)
+            status, answers = self._generate(path, body, limit, started)
         except (BrokenPipeError, ConnectionResetError):
             # The router drops the other leg's connection once one leg fails; SGLang aborts.
             self.close_connection = True
             status = CLIENT_CLOSED_REQUEST
         finally:
+            if room is not None:
+                self.runtime.rooms.finished(room)
             prompt = sum(a.prompt_tokens for a in answers)
             done = sum(a.completion_tokens for a in answers)
             self.runtime.end(prompt, done)
@@ -854,19 +1050,27 @@ class WorkerHandler(BaseHandler):
             f"{via} {int((time.monotonic() - started) * 1000)}ms"
         )
 
-    def _generate(self, path: str, body: Json, started: float) -> tuple[int, list[Answer]]:
+    def _generate(
+        self, path: str, body: Json, limit: int | None, started: float
+    ) -> tuple[int, list[Answer]]:
         if self.cfg.mode == "decode":
             error = self._kv_transfer_error(body)
             if error:
                 self.send_error_json(500, error)
                 return 500, []
-        answers = self._answers(path, body)
+        answers = self._answers(path, body, limit)
         rid = uuid.uuid4().hex
-        if body.get("stream") is True:
-            self._stream(path, body, answers[0], rid, started)
-        else:
-            time.sleep(self.runtime.latency_secs())
-            self.send_json(200, self._full_body(path, body, answers, rid, started))
+        pace = Pace(self.runtime, sum(a.prompt_tokens for a in answers), body, started)
+        served = False
+        try:
+            if body.get("stream") is True:
+                self._stream(path, body, answers[0], rid, pace)
+            else:
+                pace.run(max(a.completion_tokens for a in answers))
+                self.send_json(200, self._full_body(path, body, answers, rid, started))
+            served = True
+        finally:
+            pace.close(served)
         return 200, answers
 
     def _kv_transfer_error(self, body: Json) -> str | None:
@@ -881,12 +1085,12 @@ class WorkerHandler(BaseHandler):
             f"{target[0]}:{target[1]} (bootstrap_room={body.get('bootstrap_room')}): {error}"
         )
 
-    def _answers(self, path: str, body: Json) -> list[Answer]:
+    def _answers(self, path: str, body: Json, limit: int | None) -> list[Answer]:
         if path == "/v1/chat/completions":
             last, context = chat_prompt(body)
-            return [make_answer(self.cfg, last, context)]
+            return [make_answer(self.cfg, last, context, limit)]
         key = "prompt" if path == "/v1/completions" else "text"
-        return [make_answer(self.cfg, p, p) for p in text_prompts(body.get(key))]
+        return [make_answer(self.cfg, p, p, limit) for p in text_prompts(body.get(key))]
 
     def _full_body(
         self, path: str, body: Json, answers: list[Answer], rid: str, started: float
@@ -914,13 +1118,13 @@ class WorkerHandler(BaseHandler):
 
     # ---- streaming (SSE over chunked transfer encoding)
 
-    def _stream(self, path: str, body: Json, answer: Answer, rid: str, started: float) -> None:
+    def _stream(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in self._events(path, body, answer, rid, started):
+        for event in self._events(path, body, answer, rid, pace):
             self._write_chunk(f"data: {event}\n\n".encode())
         self._write_chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
@@ -930,18 +1134,16 @@ class WorkerHandler(BaseHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _events(
-        self, path: str, body: Json, answer: Answer, rid: str, started: float
-    ) -> Iterator[str]:
-        deltas = pieces(answer.text)
+    def _events(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> Iterator[str]:
         ctx = StreamContext(
             rid=rid,
             model=request_model(self.cfg, body),
             chat=path == "/v1/chat/completions",
-            started=started,
-            delay=self.runtime.latency_secs() / max(1, len(deltas)),
+            started=pace.started,
+            pace=pace,
             include_usage=wants_usage_chunk(body),
         )
+        deltas = pieces(answer.text)
         if path == "/generate":
             return generate_events(ctx, answer, deltas)
         return openai_events(ctx, answer, deltas)
@@ -956,7 +1158,7 @@ class StreamContext:
     model: str
     chat: bool
     started: float
-    delay: float
+    pace: Pace
     include_usage: bool
 
     def chunk(self, choice: Json) -> str:
@@ -993,12 +1195,11 @@ def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iter
     """OpenAI's stream: a role chunk (chat), one delta per word, a finish chunk, usage."""
     if ctx.chat:
         yield ctx.chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-    for delta in deltas:
-        time.sleep(ctx.delay)
+    for index, delta in enumerate(deltas):
+        ctx.pace.token(index)
         yield ctx.delta(delta)
-    if not deltas:
-        time.sleep(ctx.delay)
-    yield ctx.delta("", "stop")
+    ctx.pace.token(0)  # an empty answer still waits for its prefill
+    yield ctx.delta("", answer.finish)
     if ctx.include_usage:
         yield ctx.usage_chunk(answer)
 
@@ -1006,24 +1207,25 @@ def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iter
 def generate_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iterator[str]:
     """SGLang's native stream: each event carries the cumulative text so far."""
     text = ""
-    for delta in deltas:
-        time.sleep(ctx.delay)
+    for index, delta in enumerate(deltas):
+        ctx.pace.token(index)
         text += delta
         yield json.dumps(generate_item(answer, ctx.rid, text, False, ctx.started))
-    if not deltas:
-        time.sleep(ctx.delay)
+    ctx.pace.token(0)  # an empty answer still waits for its prefill
     yield json.dumps(generate_item(answer, ctx.rid, answer.text, True, ctx.started))
 
 
 def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
     """One DP rank's entry of /v1/loads, with the optional sections SGLang adds."""
     dp = rt.cfg.dp_size
-    running = rt.inflight // dp + (1 if rank < rt.inflight % dp else 0)
+    busy, queued = rt.load()
+    running = busy // dp + (1 if rank < busy % dp else 0)
+    waiting = queued // dp + (1 if rank < queued % dp else 0)
     used = running * TOKENS_PER_RUNNING_REQUEST
     load: Json = {
         "dp_rank": rank,
         "num_running_reqs": running,
-        "num_waiting_reqs": 0,
+        "num_waiting_reqs": waiting,
         "num_waiting_uncached_tokens": 0,
         "num_used_tokens": used,
         "num_total_tokens": used,
@@ -1033,7 +1235,7 @@ def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
         "cache_hit_rate": 0.0,
         "utilization": round(running / rt.cfg.max_running_requests, 4),
         "max_running_requests": rt.cfg.max_running_requests,
-        "num_total_reqs": running,
+        "num_total_reqs": running + waiting,
     }
     everything = "all" in include
     if everything or "memory" in include:
@@ -1044,7 +1246,7 @@ def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
             "token_capacity": MAX_TOTAL_NUM_TOKENS,
         }
     if everything or "queues" in include:
-        load["queues"] = {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+        load["queues"] = {"waiting": waiting, "grammar": 0, "paused": 0, "retracted": 0}
     if everything or "disagg" in include:
         load["disaggregation"] = disaggregation_load(rt.cfg.mode)
     return load
@@ -1082,38 +1284,47 @@ def _label_value(value: str) -> str:
 
 
 def render_metrics(rt: Runtime) -> str:
-    """SGLang's Prometheus gauges and counters, labelled like a real TP rank 0."""
-    labels = (
-        f'engine_type="{rt.cfg.engine_type}",model_name="{_label_value(rt.cfg.served_model_name)}",'
-        'pp_rank="0",tp_rank="0"'
-    )
-    series = [
-        ("num_running_reqs", "gauge", "The number of running requests.", rt.inflight),
-        ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
-        ("token_usage", "gauge", "The token usage.", rt.token_usage()),
-        ("gen_throughput", "gauge", "The generation throughput (token/s).", rt.gen_throughput()),
-        ("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
-        (
-            "prompt_tokens_total",
-            "counter",
-            "Number of prefill tokens processed.",
-            rt.prompt_tokens_total,
-        ),
+    """SGLang's Prometheus series: the scheduler's gauges labelled like a real TP rank 0, the
+    tokenizer's counters and histograms labelled by model only, as SGLang labels them."""
+    model = f'model_name="{_label_value(rt.cfg.served_model_name)}"'
+    labels = f'engine_type="{rt.cfg.engine_type}",{model},pp_rank="0",tp_rank="0"'
+    running, queued = rt.load()
+    gauges = [
+        ("num_running_reqs", "The number of running requests.", running),
+        ("num_queue_reqs", "The number of requests in the waiting queue.", queued),
+        ("token_usage", "The token usage.", rt.token_usage()),
+        ("gen_throughput", "The generation throughput (token/s).", rt.gen_throughput()),
+        ("cache_hit_rate", "The prefix cache hit rate.", 0.0),
+    ]
+    counters = [
+        ("prompt_tokens_total", "Number of prefill tokens processed.", rt.prompt_tokens_total),
         (
             "generation_tokens_total",
-            "counter",
             "Number of generation tokens processed.",
             rt.generation_tokens_total,
         ),
-        ("num_requests_total", "counter", "Number of requests processed.", rt.requests_total),
+        ("num_requests_total", "Number of requests processed.", rt.requests_total),
     ]
     lines: list[str] = []
-    for name, kind, help_text, value in series:
+    for name, help_text, value in gauges:
         lines += [
             f"# HELP sglang:{name} {help_text}",
-            f"# TYPE sglang:{name} {kind}",
+            f"# TYPE sglang:{name} gauge",
             f"sglang:{name}{{{labels}}} {float(value)}",
         ]
+    for name, help_text, value in counters:
+        lines += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} counter",
+            f"sglang:{name}{{{model}}} {float(value)}",
+        ]
+    histograms = [
+        ("time_to_first_token", "Histogram of time to first token in seconds.", rt.ttft),
+        ("inter_token_latency", "Histogram of inter-token latency in seconds.", rt.itl),
+        ("e2e_request_latency", "Histogram of End-to-end request latency in seconds", rt.e2e),
+    ]
+    for name, help_text, histogram in histograms:
+        lines += histogram.render(f"sglang:{name}_seconds", help_text, model)
     return "\n".join(lines) + "\n"
 
 
@@ -1128,6 +1339,16 @@ def handler_for(runtime: Runtime) -> type[WorkerHandler]:
 
     BoundWorkerHandler.runtime = runtime
     return BoundWorkerHandler
+
+
+def bootstrap_for(runtime: Runtime) -> type[BootstrapHandler]:
+    """The bootstrap server's handler class, bound to this prefill's KV rooms."""
+
+    class BoundBootstrapHandler(BootstrapHandler):
+        pass
+
+    BoundBootstrapHandler.rooms = runtime.rooms
+    return BoundBootstrapHandler
 
 
 def serve_in_thread(server: WorkerHTTPServer, name: str) -> threading.Thread:
@@ -1149,7 +1370,7 @@ def start_servers(cfg: ServerConfig, runtime: Runtime) -> list[WorkerHTTPServer]
     servers: list[WorkerHTTPServer] = []
     try:
         if cfg.mode == "prefill":
-            servers.append(bind_server(cfg.host, cfg.bootstrap_port, BootstrapHandler))
+            servers.append(bind_server(cfg.host, cfg.bootstrap_port, bootstrap_for(runtime)))
             log(f"KV bootstrap server listening on {cfg.host}:{cfg.bootstrap_port}")
         servers.append(bind_server(cfg.host, cfg.port, handler_for(runtime)))
     except OSError:
