@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import pytest
 
+from pdctl.lab.state import FakeHardware, write_hardware
 from tests.unit.test_lab_worker import (
     MODEL,
     PROVIDER_NAME,
@@ -304,3 +305,14 @@ def test_decode_waits_for_its_prefill_and_each_side_records_its_phase(
     assert series(on_prefill, "inter_token_latency_seconds_count") == 0
     assert series(on_decode, "inter_token_latency_seconds_count") == 2
     assert "room 5" not in decode.log()  # no hand-off warning: the prefill knew the room
+
+
+def test_the_lab_state_file_carries_the_capacity(launcher: Launcher) -> None:
+    """The file pdctl writes for a lab host (pdctl/lab/state.py) sets the worker's rates."""
+    worker = launcher.start("prefill")
+    hardware = FakeHardware(host_index=1, prefill_tokens_per_s=1000, decode_token_floor_ms=5)
+    write_hardware(worker.state_path, hardware)
+    started = time.monotonic()
+    assert chat(worker.port, words(300)).status == 200  # 0.3 s at 1,000 tokens/s
+    assert 0.29 <= time.monotonic() - started <= 0.3 + SLACK
+    assert json.loads(worker.state_path.read_text())["decode_tokens_per_s"] == 400

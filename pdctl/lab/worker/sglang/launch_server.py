@@ -11,18 +11,40 @@ the router cannot tell it from SGLang:
 * ``POST /generate``, ``/v1/completions`` and ``/v1/chat/completions``, streamed (SSE over
   chunked encoding) or not. A decode worker first reaches the prefill's bootstrap server named
   in the request (``bootstrap_host``/``bootstrap_port``), as the KV transfer would, and fails
-  with HTTP 500 when it cannot; its answer names the decode worker and echoes the prompt;
+  with HTTP 500 when it cannot; it then waits there until the prefill of its
+  ``bootstrap_room`` has finished (the KV hand-off; it decodes anyway, with a warning, when no
+  prefill request for the room arrived within 2 s). Its answer names the decode worker and
+  echoes the prompt; ``max_tokens``/``max_completion_tokens`` (``sampling_params.
+  max_new_tokens`` on /generate) set the number of tokens, the echo's words cycled or cut to
+  it (finish reason ``length``). Tokens are whitespace-separated words, the prompt's too;
+* a finite capacity (capacity.py): one prefill slot works through prompt tokens one request
+  at a time in arrival order (so TTFT grows with the queued prompt load); one decode slot's
+  token rate is shared by its concurrent streams, each waiting ``max(floor, streams / rate)``
+  between two tokens. Streams emit tokens at that pace; other replies come after the same
+  time. ``/metrics`` exports SGLang's ``time_to_first_token``, ``inter_token_latency`` and
+  ``e2e_request_latency`` histograms (a prefill records TTFT, a decode ITL);
 * a prefill's bootstrap server on ``--disaggregation-bootstrap-port``;
 * SIGTERM/SIGINT: health turns 503, new generations are refused, in-flight ones finish,
   then the process exits 0.
 
-Faults come from the lab's state file (``PDFAKE_STATE``, default ``/etc/pd-fake/state.json``):
-``worker_unhealthy``, ``worker_warmup_secs``, ``worker_latency_ms``. At start, a prefill or
-decode worker on an RDMA transfer backend fails like libibverbs and Mooncake do when the
-host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted into the container.
+The lab's state file (``PDFAKE_STATE``, default ``/etc/pd-fake/state.json``), re-read per
+request, holds faults and the lab's settings; an environment variable overrides each:
 
-It runs on a bare Debian python3: standard library only, and no import from pdctl or from
-other modules of this package.
+* ``worker_unhealthy`` (true: /health answers 503);
+* ``worker_warmup_secs`` (``PDFAKE_WARMUP_SECS``, 1; read once, at start): 503 until then;
+* ``worker_latency_ms`` (``PDFAKE_LATENCY_MS``, 20): a fixed cost before each first token;
+* ``prefill_tokens_per_s`` (``PDFAKE_PREFILL_TOKENS_PER_S``, 8000; 0: no prefill time);
+* ``decode_tokens_per_s`` (``PDFAKE_DECODE_TOKENS_PER_S``, 400; shared by the streams;
+  0: only the floor);
+* ``decode_token_floor_ms`` (``PDFAKE_DECODE_TOKEN_FLOOR_MS``, 10): the least time
+  between two tokens of a stream.
+
+At start, a prefill or decode worker on an RDMA transfer backend fails like libibverbs and
+Mooncake do when the host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted
+into the container.
+
+It runs on a bare Debian python3: standard library only, no import from pdctl, and from this
+package only by relative import (the lab image installs the package as ``sglang``).
 """
 
 from __future__ import annotations
