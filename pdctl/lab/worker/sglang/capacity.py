@@ -8,7 +8,8 @@ against workers whose latencies respond to load. The model is deliberately simpl
 * one decode slot produces ``decode_tokens_per_s`` shared by its concurrent streams, so each
   stream's inter-token latency is ``max(floor, streams / decode_tokens_per_s)``.
 
-Histogram names and default bucket bounds are SGLang's own (docs/facts.md, "SGLang metrics").
+Histogram names and default bucket bounds are SGLang's own (docs/facts.md, SGLang workers,
+Metrics).
 """
 
 from __future__ import annotations
