@@ -316,3 +316,16 @@ def test_the_lab_state_file_carries_the_capacity(launcher: Launcher) -> None:
     assert chat(worker.port, words(300)).status == 200  # 0.3 s at 1,000 tokens/s
     assert 0.29 <= time.monotonic() - started <= 0.3 + SLACK
     assert json.loads(worker.state_path.read_text())["decode_tokens_per_s"] == 400
+
+
+def test_bucket_flags_set_the_bounds_as_in_sglang(launcher: Launcher) -> None:
+    worker = launcher.start(
+        "null", "--bucket-time-to-first-token", "0.5", "0.01", "0.05", "--enable-metrics"
+    )
+    set_state(worker, prefill_tokens_per_s=100000, decode_tokens_per_s=100000)
+    assert chat(worker.port, "x", max_tokens=1).status == 200
+    text = request(worker.port, "GET", "/metrics").body.decode()
+    bounds = re.findall(r'sglang:time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', text)
+    assert bounds == ["0.01", "0.05", "0.5", "+Inf"]
+    assert 'sglang:inter_token_latency_seconds_bucket{model_name="' in text  # SGLang's default
+    assert "--bucket-time-to-first-token" not in worker.log()  # a known flag: no warning

@@ -22,7 +22,8 @@ the router cannot tell it from SGLang:
   token rate is shared by its concurrent streams, each waiting ``max(floor, streams / rate)``
   between two tokens. Streams emit tokens at that pace; other replies come after the same
   time. ``/metrics`` exports SGLang's ``time_to_first_token``, ``inter_token_latency`` and
-  ``e2e_request_latency`` histograms (a prefill records TTFT, a decode ITL);
+  ``e2e_request_latency`` histograms (a prefill records TTFT, a decode ITL), with SGLang's
+  bucket bounds or those of its ``--bucket-*`` flags;
 * a prefill's bootstrap server on ``--disaggregation-bootstrap-port``;
 * SIGTERM/SIGINT: health turns 503, new generations are refused, in-flight ones finish,
   then the process exits 0.
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -144,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=None)
     add("--trust-remote-code", action="store_true")
     add("--api-key", default=None)
+    # SGLang's histogram bounds (docs/facts.md, SGLang workers, Metrics); default: SGLang's.
+    add("--bucket-time-to-first-token", type=float, nargs="+", default=None)
+    add("--bucket-inter-token-latency", type=float, nargs="+", default=None)
+    add("--bucket-e2e-request-latency", type=float, nargs="+", default=None)
     return parser
 
 
@@ -151,6 +157,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored)."""
     args, unknown = build_parser().parse_known_args(list(argv))
     return args, [item for item in unknown if item.startswith("-")]
+
+
+def buckets(given: list[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
+    """Histogram bounds from a --bucket-* flag (sorted, distinct, finite), else SGLang's."""
+    chosen = sorted({b for b in given or () if math.isfinite(b)})
+    return tuple(chosen) or default
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,9 @@ class ServerConfig:
     trust_remote_code: bool
     api_key: str | None
     hostname: str
+    ttft_buckets: tuple[float, ...] = TTFT_BUCKETS
+    itl_buckets: tuple[float, ...] = ITL_BUCKETS
+    e2e_buckets: tuple[float, ...] = E2E_BUCKETS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -195,6 +210,9 @@ class ServerConfig:
             trust_remote_code=args.trust_remote_code,
             api_key=args.api_key,
             hostname=socket.gethostname(),
+            ttft_buckets=buckets(args.bucket_time_to_first_token, TTFT_BUCKETS),
+            itl_buckets=buckets(args.bucket_inter_token_latency, ITL_BUCKETS),
+            e2e_buckets=buckets(args.bucket_e2e_request_latency, E2E_BUCKETS),
         )
 
     @property
@@ -418,9 +436,9 @@ class Runtime:
         self.prefill = PrefillSlot()
         self.decode = DecodeSlot()
         self.rooms = KvRooms()
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
+        self.ttft = Histogram(cfg.ttft_buckets)
+        self.itl = Histogram(cfg.itl_buckets)
+        self.e2e = Histogram(cfg.e2e_buckets)
 
     @property
     def draining(self) -> bool:
