@@ -1,4 +1,6 @@
-"""The stand-in's finite capacity and the latency histograms it exports (standard library only).
+"""The stand-in's finite capacity: its slots, the pace of each request's tokens, a decode's
+wait for its prefill's KV hand-off, and the latency histograms it exports (standard library
+only).
 
 Why: a scaler that sizes prefill on TTFT and decode on inter-token latency can only be tested
 against workers whose latencies respond to load. The model is deliberately simple:
@@ -14,10 +16,14 @@ Metrics).
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import quote
 
 # SGLang's TokenizerMetricsCollector default buckets (docs/facts.md).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -165,3 +171,100 @@ class KvRooms:
                 if now >= limit:
                     return "timeout"
                 self._cond.wait(min(arrival if done is None else limit, limit) - now)
+
+
+class Capacity:
+    """One worker's slots, its KV rooms (a prefill's) and the latencies it records."""
+
+    def __init__(
+        self,
+        ttft_buckets: tuple[float, ...] = TTFT_BUCKETS,
+        itl_buckets: tuple[float, ...] = ITL_BUCKETS,
+        e2e_buckets: tuple[float, ...] = E2E_BUCKETS,
+    ) -> None:
+        self.prefill = PrefillSlot()
+        self.decode = DecodeSlot()
+        self.rooms = KvRooms()
+        self.ttft = Histogram(ttft_buckets)
+        self.itl = Histogram(itl_buckets)
+        self.e2e = Histogram(e2e_buckets)
+
+
+def wait_for_kv(host: str, port: int, room: str) -> str:
+    """Ask the prefill's bootstrap server to answer once the room's prefill has finished (the
+    decode cannot start before the KV cache arrives): ``ready``, ``unknown``, ``timeout``, or
+    the error that cut the wait short."""
+    conn = http.client.HTTPConnection(host, port, timeout=KV_WAIT_LIMIT_SECS + 10)
+    try:
+        conn.request("GET", f"/kv?room={quote(room)}")
+        reply = conn.getresponse()
+        data = json.loads(reply.read() or b"{}")
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"error: {exc}"
+    finally:
+        conn.close()
+    state = data.get("state") if isinstance(data, dict) else None
+    return state if isinstance(state, str) else "error: no state in the answer"
+
+
+@dataclass
+class Pace:
+    """When each token of one request is due, and the TTFT, ITL and end-to-end latencies it
+    records. The first token follows the prompt's turn on the prefill slot (a decode worker
+    instead waits for its prefill's KV hand-off, ``kv_from`` = bootstrap host, port, room);
+    each later one the decode slot's share."""
+
+    capacity: Capacity
+    mode: str  # null, prefill or decode
+    rates: Rates
+    latency: float  # a fixed cost before the first token
+    prompt_tokens: int
+    kv_from: tuple[str, int, str] | None
+    started: float
+    warn: Callable[[str], None]
+    last: float | None = field(default=None, init=False)
+    decoding: bool = field(default=False, init=False)
+
+    def token(self, index: int) -> None:
+        """Wait until token ``index`` (0-based) of the answer is due."""
+        if self.last is None:
+            self._first()
+        elif index > 0:
+            self._next()
+
+    def run(self, tokens: int) -> None:
+        """The whole answer's time, for a reply that is not streamed."""
+        self._first()
+        for _ in range(1, tokens):
+            self._next()
+
+    def _first(self) -> None:
+        time.sleep(self.latency)
+        cap = self.capacity
+        if self.mode == "decode":
+            if self.kv_from is not None:
+                outcome = wait_for_kv(*self.kv_from)
+                if outcome != "ready":
+                    self.warn(f"KV hand-off for room {self.kv_from[2]}: {outcome}; decoding anyway")
+        else:
+            _, end = cap.prefill.book(self.prompt_tokens, self.rates.prefill_tokens_per_s)
+            time.sleep(max(0.0, end - time.monotonic()))
+        self.last = time.monotonic()
+        cap.ttft.observe(self.last - self.started)
+        if self.mode != "prefill":
+            cap.decode.enter()
+            self.decoding = True
+
+    def _next(self) -> None:
+        time.sleep(self.rates.itl(self.capacity.decode.streams))
+        now = time.monotonic()
+        if self.last is not None:
+            self.capacity.itl.observe(now - self.last)
+        self.last = now
+
+    def close(self, served: bool) -> None:
+        if self.decoding:
+            self.capacity.decode.leave()
+            self.decoding = False
+        if served:
+            self.capacity.e2e.observe(time.monotonic() - self.started)

@@ -51,7 +51,6 @@ package only by relative import (the lab image installs the package as ``sglang`
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import math
 import os
@@ -68,11 +67,12 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from .capacity import (
     DEFAULT_DECODE_TOKEN_FLOOR_MS,
@@ -80,12 +80,10 @@ from .capacity import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     E2E_BUCKETS,
     ITL_BUCKETS,
-    KV_WAIT_LIMIT_SECS,
     TTFT_BUCKETS,
-    DecodeSlot,
-    Histogram,
+    Capacity,
     KvRooms,
-    PrefillSlot,
+    Pace,
     Rates,
 )
 
@@ -433,12 +431,7 @@ class Runtime:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._recent: deque[tuple[float, int]] = deque()
-        self.prefill = PrefillSlot()
-        self.decode = DecodeSlot()
-        self.rooms = KvRooms()
-        self.ttft = Histogram(cfg.ttft_buckets)
-        self.itl = Histogram(cfg.itl_buckets)
-        self.e2e = Histogram(cfg.e2e_buckets)
+        self.capacity = Capacity(cfg.ttft_buckets, cfg.itl_buckets, cfg.e2e_buckets)
 
     @property
     def draining(self) -> bool:
@@ -484,7 +477,7 @@ class Runtime:
 
     def load(self) -> tuple[int, int]:
         """(running, queued) generations: queued ones wait for the prefill slot."""
-        _, queued = self.prefill.load()
+        _, queued = self.capacity.prefill.load()
         queued = min(queued, self.inflight)
         return self.inflight - queued, queued
 
@@ -679,88 +672,6 @@ def probe_bootstrap(host: str, port: int, timeout: float = BOOTSTRAP_TIMEOUT_SEC
     if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or fields[1] != b"200":
         return f"unexpected answer {status_line[:80]!r}"
     return None
-
-
-def wait_for_kv(host: str, port: int, room: str) -> str:
-    """Ask the prefill's bootstrap server to answer once the room's prefill has finished (the
-    decode cannot start before the KV cache arrives): ``ready``, ``unknown``, ``timeout``, or
-    the error that cut the wait short."""
-    conn = http.client.HTTPConnection(host, port, timeout=KV_WAIT_LIMIT_SECS + 10)
-    try:
-        conn.request("GET", f"/kv?room={quote(room)}")
-        reply = conn.getresponse()
-        data = json.loads(reply.read() or b"{}")
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        return f"error: {exc}"
-    finally:
-        conn.close()
-    state = data.get("state") if isinstance(data, dict) else None
-    return state if isinstance(state, str) else "error: no state in the answer"
-
-
-class Pace:
-    """When each token of one request is due under the capacity model (pdctl/lab/worker/sglang/
-    capacity.py), and the TTFT, ITL and end-to-end latencies it records.
-
-    The first token follows the prompt's turn on the prefill slot (a decode worker instead
-    waits for its prefill's KV hand-off); each later one the decode slot's share."""
-
-    def __init__(self, rt: Runtime, prompt_tokens: int, body: Json, started: float) -> None:
-        self.rt = rt
-        self.rates = rt.rates()
-        self.latency = rt.latency_secs()
-        self.prompt_tokens = prompt_tokens
-        self.target = bootstrap_target(body)
-        self.room = bootstrap_room(body)
-        self.started = started
-        self.last: float | None = None
-        self.decoding = False
-
-    def token(self, index: int) -> None:
-        """Wait until token ``index`` (0-based) of the answer is due."""
-        if self.last is None:
-            self._first()
-        elif index > 0:
-            self._next()
-
-    def run(self, tokens: int) -> None:
-        """The whole answer's time, for a non-streamed reply."""
-        self._first()
-        for _ in range(1, tokens):
-            self._next()
-
-    def _first(self) -> None:
-        time.sleep(self.latency)
-        mode = self.rt.cfg.mode
-        if mode == "decode":
-            if self.target is not None and self.room is not None:
-                outcome = wait_for_kv(*self.target, self.room)
-                if outcome != "ready":
-                    log(f"KV hand-off for room {self.room}: {outcome}; decoding anyway", "WARNING")
-        else:
-            _, end = self.rt.prefill.book(self.prompt_tokens, self.rates.prefill_tokens_per_s)
-            time.sleep(max(0.0, end - time.monotonic()))
-            if mode == "prefill" and self.room is not None:
-                self.rt.rooms.finished(self.room)
-        self.last = time.monotonic()
-        self.rt.ttft.observe(self.last - self.started)
-        if mode != "prefill":
-            self.rt.decode.enter()
-            self.decoding = True
-
-    def _next(self) -> None:
-        time.sleep(self.rates.itl(self.rt.decode.streams))
-        now = time.monotonic()
-        if self.last is not None:
-            self.rt.itl.observe(now - self.last)
-        self.last = now
-
-    def close(self, served: bool) -> None:
-        if self.decoding:
-            self.rt.decode.leave()
-            self.decoding = False
-        if served:
-            self.rt.e2e.observe(time.monotonic() - self.started)
 
 
 # --------------------------------------------------------------------------- response bodies
@@ -1062,7 +973,7 @@ class WorkerHandler(BaseHandler):
         started = time.monotonic()
         room = bootstrap_room(body) if self.cfg.mode == "prefill" else None
         if room is not None:
-            self.runtime.rooms.arrived(room)
+            self.runtime.capacity.rooms.arrived(room)
         status, answers = 500, list[Answer]()
         try:
             status, answers = self._generate(path, body, limit, started)
@@ -1072,7 +983,7 @@ class WorkerHandler(BaseHandler):
             status = CLIENT_CLOSED_REQUEST
         finally:
             if room is not None:
-                self.runtime.rooms.finished(room)
+                self.runtime.capacity.rooms.finished(room)
             prompt = sum(a.prompt_tokens for a in answers)
             done = sum(a.completion_tokens for a in answers)
             self.runtime.end(prompt, done)
@@ -1100,7 +1011,7 @@ class WorkerHandler(BaseHandler):
                 return 500, []
         answers = self._answers(path, body, limit)
         rid = uuid.uuid4().hex
-        pace = Pace(self.runtime, sum(a.prompt_tokens for a in answers), body, started)
+        pace = self._pace(sum(a.prompt_tokens for a in answers), body, started)
         served = False
         try:
             if body.get("stream") is True:
@@ -1112,6 +1023,19 @@ class WorkerHandler(BaseHandler):
         finally:
             pace.close(served)
         return 200, answers
+
+    def _pace(self, prompt_tokens: int, body: Json, started: float) -> Pace:
+        target, room = bootstrap_target(body), bootstrap_room(body)
+        return Pace(
+            capacity=self.runtime.capacity,
+            mode=self.cfg.mode,
+            rates=self.runtime.rates(),
+            latency=self.runtime.latency_secs(),
+            prompt_tokens=prompt_tokens,
+            kv_from=(*target, room) if target is not None and room is not None else None,
+            started=started,
+            warn=partial(log, level="WARNING"),
+        )
 
     def _kv_transfer_error(self, body: Json) -> str | None:
         target = bootstrap_target(body)
@@ -1329,6 +1253,7 @@ def render_metrics(rt: Runtime) -> str:
     model = f'model_name="{_label_value(rt.cfg.served_model_name)}"'
     labels = f'engine_type="{rt.cfg.engine_type}",{model},pp_rank="0",tp_rank="0"'
     running, queued = rt.load()
+    cap = rt.capacity
     gauges = [
         ("num_running_reqs", "The number of running requests.", running),
         ("num_queue_reqs", "The number of requests in the waiting queue.", queued),
@@ -1359,9 +1284,9 @@ def render_metrics(rt: Runtime) -> str:
             f"sglang:{name}{{{model}}} {float(value)}",
         ]
     histograms = [
-        ("time_to_first_token", "Histogram of time to first token in seconds.", rt.ttft),
-        ("inter_token_latency", "Histogram of inter-token latency in seconds.", rt.itl),
-        ("e2e_request_latency", "Histogram of End-to-end request latency in seconds", rt.e2e),
+        ("time_to_first_token", "Histogram of time to first token in seconds.", cap.ttft),
+        ("inter_token_latency", "Histogram of inter-token latency in seconds.", cap.itl),
+        ("e2e_request_latency", "Histogram of End-to-end request latency in seconds", cap.e2e),
     ]
     for name, help_text, histogram in histograms:
         lines += histogram.render(f"sglang:{name}_seconds", help_text, model)
@@ -1387,7 +1312,7 @@ def bootstrap_for(runtime: Runtime) -> type[BootstrapHandler]:
     class BoundBootstrapHandler(BootstrapHandler):
         pass
 
-    BoundBootstrapHandler.rooms = runtime.rooms
+    BoundBootstrapHandler.rooms = runtime.capacity.rooms
     return BoundBootstrapHandler
 
 
