@@ -173,15 +173,16 @@ class Lab:
 
 
 def chat(
-    endpoint: str, text: str, key: str | None, timeout: float = 10
+    endpoint: str, text: str, key: str | None, timeout: float = 10, model: str = "lab/tiny-llama"
 ) -> tuple[int, dict[str, Any]]:
-    """One chat completion through a service's router: HTTP status and JSON body."""
+    """One chat completion through a service's router (SMG routes by ``model``): HTTP status
+    and JSON body."""
     request = urllib.request.Request(
         f"{endpoint}/v1/chat/completions",
         method="POST",
         data=json.dumps(
             {
-                "model": "lab/tiny-llama",
+                "model": model,
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": 8,
             }

@@ -75,12 +75,17 @@ class Deployment:
 STAND_IN_PROVIDER = "PDFAKE_PROVIDER_LIB=/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so"
 
 
-def chat_when_ready(endpoint: str, text: str, key: str) -> tuple[int, dict[str, Any]]:
+MODEL = "zai-org/GLM-4.5-Air-FP8"  # the example's: SMG routes a request by its model
+
+
+def chat_when_ready(
+    endpoint: str, text: str, key: str, model: str = MODEL
+) -> tuple[int, dict[str, Any]]:
     """A chat once SMG has health-checked the new workers: the example keeps SMG's health
     check interval (pdctl's default, 10 s), and a registered worker serves after its first."""
     deadline = time.monotonic() + 90
     while True:
-        status, body = chat(endpoint, text, key)
+        status, body = chat(endpoint, text, key, model=model)
         if status != 503 or time.monotonic() > deadline:
             return status, body
         time.sleep(2)
@@ -143,7 +148,9 @@ def test_the_smg_example_deploys_and_chats_through_smg(nv: Deployment) -> None:
 
 def _devices(nv: Deployment, node: str, container: str) -> tuple[set[str], str, str]:
     """The container's /dev entries (and /dev/dri's, if any), its env, its mounts."""
-    listing = nv.root(node, f"podman exec {container} sh -c 'ls /dev; ls /dev/dri 2>/dev/null'")
+    listing = nv.root(
+        node, f"podman exec {container} sh -c 'ls /dev; ls /dev/dri 2>/dev/null; true'"
+    )
     env = nv.root(node, f"podman exec {container} env")
     mounts = nv.root(node, f"podman inspect --format '{{{{json .Mounts}}}}' {container}")
     return set(listing.split()), env, mounts
@@ -229,15 +236,15 @@ def test_docker_gets_the_slots_gpus_as_one_csv_field(nv: Deployment) -> None:
         "PDCTL_GPU_IDS=0,1\nPDCTL_DEVICE_ARGS=--device nvidia.com/gpu=0 --device nvidia.com/gpu=1\n"
     )
     files = {
-        "/usr/local/bin/docker": shim,
+        "/usr/local/sbin/docker": shim,
         f"/run/{check}/prefill.env": "PDCTL_IMAGE=img:1\nPDCTL_CONFIG=c0ffee\n",
         f"/run/{check}/prefill-1.env": slot_env,
         f"/etc/systemd/system/{check}-prefill@.service": unit,
     }
-    script = f"mkdir -p /run/{check}; " + "; ".join(
+    script = f"set -e; mkdir -p /run/{check} /usr/local/sbin; " + "; ".join(
         f"printf %s {shlex.quote(text)} > {path}" for path, text in files.items()
     )
-    nv.root(node, script + "; chmod +x /usr/local/bin/docker; systemctl daemon-reload")
+    nv.root(node, script + "; chmod +x /usr/local/sbin/docker; systemctl daemon-reload")
     try:
         nv.root(node, f"systemctl start {check}-prefill@1.service; sleep 1")
         argv = nv.root(node, f"cat /run/{check}/argv").splitlines()
@@ -245,7 +252,7 @@ def test_docker_gets_the_slots_gpus_as_one_csv_field(nv: Deployment) -> None:
         nv.root(
             node,
             f"systemctl stop {check}-prefill@1.service; rm -rf /run/{check} "
-            f"/usr/local/bin/docker /etc/systemd/system/{check}-prefill@.service; "
+            f"/usr/local/sbin/docker /etc/systemd/system/{check}-prefill@.service; "
             "systemctl daemon-reload",
         )
     gpus = argv[argv.index("--gpus") + 1]
@@ -310,7 +317,8 @@ def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) 
         assert {mixed.lab.node_at(s["host"]) for s in slots} == {node}, (service, slots)
         assert {s["vendor"] for s in slots} == {vendor}
         key = mixed.json("endpoint", service, "--show-key")["api_key"]
-        code, body = chat_when_ready(doc["endpoint"], f"hello {vendor}", key)
+        model = "lab/tiny-llama" if vendor == "amd" else MODEL
+        code, body = chat_when_ready(doc["endpoint"], f"hello {vendor}", key, model)
         assert code == 200 and f"hello {vendor}" in body["choices"][0]["message"]["content"]
     amd_devices, amd_env, _ = _devices(mixed, "node2", "pd-pdlab-prefill-1")
     assert "kfd" in amd_devices and not any(re.fullmatch(r"nvidia\d*", d) for d in amd_devices)
