@@ -76,6 +76,7 @@ def policies(plan: Plan, pins: dict[str, int]) -> dict[str, Policy]:
             min=group.min,
             max=group.max,
             target=float(scaling.get("target") or math.inf),
+            metric=scaling.get("metric") or "rps",
             scale_up_delay=float(up) if up is not None else 0.0,
             scale_down_delay=float(down) if down is not None else 60.0,
             pinned=pins.get(role),
