@@ -150,6 +150,19 @@ class Decision:
     value: float | None = None  # its observed value (rps, or seconds)
     target: float | None = None  # its target (per replica for rps, seconds for latency)
 
+    def signal_text(self) -> str | None:
+        """e.g. "ttft 620 ms, target 500 ms" or "rps 3.20, target 2.00 per replica"."""
+        if self.signal is None:
+            return None
+        latency = self.signal in {"ttft", "itl"}
+        value = (
+            "none" if self.value is None else _ms(self.value) if latency else f"{self.value:.2f}"
+        )
+        if self.target is None or not math.isfinite(self.target):
+            return f"{self.signal} {value}"
+        target = _ms(self.target) if latency else f"{self.target:.2f} per replica"
+        return f"{self.signal} {value}, target {target}"
+
     def to_dict(self) -> dict[str, object]:
         return {
             "group": self.group,

@@ -458,3 +458,12 @@ def test_itl_on_decode_and_its_own_history() -> None:
     assert (decision.desired, decision.signal) == (2, "itl")
     assert history.last_scaled_at == NOW
     assert decision.reason == "itl 90 ms > target 60 ms (+10%): up to 2"
+
+
+def test_the_decision_names_its_signal_for_status() -> None:
+    decision, _ = lat(ttft(), 0.62, 1)
+    assert decision.signal_text() == "ttft 620 ms, target 500 ms"
+    decision, _ = run(policy(), 7.9, 2)
+    assert decision.signal_text() == "rps 7.90, target 2.00 per replica"
+    decision, _ = run(policy(target=float("inf")), None, 1)
+    assert decision.signal_text() == "rps none"
