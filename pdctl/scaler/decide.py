@@ -59,6 +59,9 @@ class Policy:
     pinned: int | None = None  # manual override (pdctl scale)
     inflight_target: float | None = None  # optional second signal: in-flight per replica
     scale_in_below: float = 0.5  # latency metrics: scale in only below this x target
+    # latency metrics: no scale-out until the serving count has held this long (a latency
+    # takes a while to show new replicas: the window, the backlog they drain)
+    settle: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min < 0 or self.max < self.min:
@@ -95,6 +98,9 @@ class Observation:
     ``latency`` is the group's windowed percentile of the policy's latency metric in seconds
     (0.0: no request in the window; None: missing), ``queue_per_replica`` the requests
     waiting per running replica (a latency scale-in needs it at zero, or unknown).
+    ``serving`` counts the running replicas that serve already: a latency only falls once a
+    started replica serves, so a scale-out is sized on the serving ones and not repeated
+    while the replicas it started still load.
     """
 
     at: float  # when measured, on the same clock as ``now``
@@ -103,6 +109,7 @@ class Observation:
     inflight_per_replica: float | None = None
     latency: float | None = None
     queue_per_replica: float | None = None
+    serving: int | None = None  # of ``running``, those serving (None: all of them)
 
 
 @dataclass
@@ -116,11 +123,16 @@ class History:
     last_scaled_at: float | None = None
     # (time, recommendation after the tolerance band), pruned to the stabilization window
     recommendations: list[tuple[float, int]] = field(default_factory=list)
+    # the serving count last seen and since when (None: unknown, or from the start)
+    serving: int | None = None
+    serving_since: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "last_scaled_at": self.last_scaled_at,
             "recommendations": [[at, n] for at, n in self.recommendations],
+            "serving": self.serving,
+            "serving_since": self.serving_since,
         }
 
     @classmethod
@@ -132,9 +144,12 @@ class History:
             for item in raw:
                 if isinstance(item, list | tuple) and len(item) == 2:
                     recs.append((float(item[0]), int(item[1])))
+        serving, since = data.get("serving"), data.get("serving_since")
         return cls(
             last_scaled_at=float(last) if isinstance(last, int | float) else None,
             recommendations=recs,
+            serving=serving if isinstance(serving, int) else None,
+            serving_since=float(since) if isinstance(since, int | float) else None,
         )
 
 
@@ -215,16 +230,30 @@ def _ms(seconds: float) -> str:
 
 
 def _latency(
-    policy: Policy, value: float, current: int, queue_per_replica: float | None
+    policy: Policy, value: float, observation: Observation, settled: float | None
 ) -> _Signal:
     target, name = policy.target, policy.metric
-    if value <= 0 or current <= 0:  # idle (no request in the window) or nothing running
+    current = observation.running
+    serving = current if observation.serving is None else min(observation.serving, current)
+    if value <= 0 or serving <= 0:  # idle (no request in the window) or nothing serving
         need = policy.min
     else:
-        need = policy.clamp(math.ceil(current * value / target - _EPSILON))
+        need = policy.clamp(math.ceil(serving * value / target - _EPSILON))
     proposal, note = current, ""
-    if current > 0 and value > target * (1 + policy.tolerance):
-        proposal = policy.clamp(max(need, current + 1))
+    queue_per_replica = observation.queue_per_replica
+    if serving > 0 and value > target * (1 + policy.tolerance):
+        # at most double the serving replicas (HPA's 100% rate): a latency holding a backlog
+        # is not proportional to the load, and the new replicas' effect shows only once
+        # they serve
+        proposal = policy.clamp(max(min(need, 2 * serving), serving + 1))
+        if proposal <= current:
+            proposal, note = current, f"{current - serving} starting replica(s) will serve it"
+        elif settled is not None and settled < policy.settle:
+            proposal = current
+            note = (
+                f"{serving} serving for {_ago(settled)} < settle {_ago(policy.settle)}: "
+                "letting the latency show them"
+            )
     elif current > 0 and value < target * policy.scale_in_below:
         # the fewest replicas whose estimate (value x current / fewer) stays under the target
         # less the tolerance; load spreads over fewer replicas, so latency grows with it
@@ -242,14 +271,16 @@ def _valid(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
 
-def _signals(policy: Policy, observation: Observation, current: int) -> tuple[list[_Signal], bool]:
+def _signals(
+    policy: Policy, observation: Observation, current: int, settled: float | None
+) -> tuple[list[_Signal], bool]:
     """The usable signals, and whether every configured signal was usable."""
     found: list[_Signal] = []
     complete = True
     if policy.metric != "rps":
         value = observation.latency
         if value is not None and _valid(value):
-            found.append(_latency(policy, value, current, observation.queue_per_replica))
+            found.append(_latency(policy, value, observation, settled))
         else:
             complete = False
     elif observation.rps is not None and _valid(observation.rps):
@@ -381,7 +412,13 @@ def decide(
     last = history.last_scaled_at
     kept = [(at, n) for at, n in history.recommendations if now - policy.window <= at <= now]
     stale = now - observation.at > policy.stale_after
-    signals, complete = ([], False) if stale else _signals(policy, observation, current)
+    serving = current if observation.serving is None else observation.serving
+    if history.serving is None or history.serving == serving:
+        serving_since = history.serving_since if history.serving is not None else None
+    else:
+        serving_since = now
+    settled = None if serving_since is None else now - serving_since
+    signals, complete = ([], False) if stale else _signals(policy, observation, current, settled)
     proposal = max((s.proposal for s in signals), default=None)
     recommendation = max((s.recommendation for s in signals), default=None)
     if policy.pinned is not None:  # a pin wins, clamped, at once, no delays
@@ -398,7 +435,12 @@ def decide(
     lead = max(signals, key=lambda s: (s.proposal, s.name == "rps"), default=None)
     if proposal is not None:
         kept.append((now, proposal))
-    new = History(last_scaled_at=now if desired != current else last, recommendations=kept)
+    new = History(
+        last_scaled_at=now if desired != current else last,
+        recommendations=kept,
+        serving=serving,
+        serving_since=serving_since,
+    )
     decision = Decision(
         policy.group,
         current,

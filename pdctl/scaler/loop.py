@@ -99,6 +99,7 @@ class WorkerSignals:
     latency: float | None = None  # the windowed percentile, seconds
     queue_per_replica: float | None = None
     inflight_per_replica: float | None = None
+    serving: int | None = None  # replicas routed to (a started one serves once registered)
 
 
 @dataclass
@@ -289,7 +290,7 @@ class Scaler:
         stale_after = max(30.0, 5 * self.interval)
         percentile = float(scaling.get("percentile") or 90.0) / 100
         latency = window.percentile(names, percentile, now, stale_after) if names else None
-        return WorkerSignals(latency, _per_replica(queued), _per_replica(running))
+        return WorkerSignals(latency, _per_replica(queued), _per_replica(running), len(routed))
 
     def _scrape_problem(self, slot: str, message: str) -> None:
         if self.scrape_errors.get(slot) != message:
@@ -405,6 +406,7 @@ class Scaler:
                 inflight_per_replica=signals.inflight_per_replica,
                 latency=signals.latency,
                 queue_per_replica=signals.queue_per_replica,
+                serving=signals.serving,
             )
             decision, self.histories[role] = decide(policy, observation, self.histories[role], now)
             decisions[role] = decision

@@ -325,7 +325,7 @@ def test_decide_does_not_mutate_its_inputs() -> None:
     assert (p, observation, history) == before
     assert new is not history
     assert new.recommendations is not history.recommendations
-    assert new == History(last_scaled_at=NOW, recommendations=[(NOW - 5, 2), (NOW, 8)])
+    assert new == History(last_scaled_at=NOW, recommendations=[(NOW - 5, 2), (NOW, 8)], serving=2)
     assert decision.desired == 4
 
 
@@ -377,10 +377,35 @@ def lat(
 
 
 def test_latency_over_target_by_the_margin_scales_out_proportionally() -> None:
-    decision, _ = lat(ttft(), 1.2, 2)  # ceil(2 * 1.2 / 0.5) = 5, step limit 2
-    assert (decision.recommendation, decision.desired, decision.action) == (5, 4, "up")
-    assert decision.reason == "ttft 1200 ms > target 500 ms (+10%): up to 4 (step limit 2)"
-    assert (decision.signal, decision.value, decision.target) == ("ttft", 1.2, 0.5)
+    decision, _ = lat(ttft(max_step_up=8), 0.7, 4)  # ceil(4 * 0.7 / 0.5) = 6
+    assert (decision.recommendation, decision.desired, decision.action) == (6, 6, "up")
+    assert decision.reason == "ttft 700 ms > target 500 ms (+10%): up to 6"
+    assert (decision.signal, decision.value, decision.target) == ("ttft", 0.7, 0.5)
+    # at most double the serving replicas (a latency with a backlog is not proportional)
+    decision, _ = lat(ttft(max_step_up=8), 1.2, 2)  # ceil(2 * 1.2 / 0.5) = 5 -> 4
+    assert (decision.recommendation, decision.desired) == (5, 4)
+    decision, _ = lat(ttft(), 1.2, 3)  # 6 wanted, step limit 2
+    assert decision.reason == "ttft 1200 ms > target 500 ms (+10%): up to 5 (step limit 2)"
+
+
+def test_a_latency_scale_out_is_sized_on_serving_replicas_and_not_repeated() -> None:
+    p = ttft(max_step_up=8)
+    observation = seen(None, 3, latency=1.0, serving=1)  # two started, still loading
+    decision, history = decide(p, observation, History(), NOW)
+    assert decision.action == "hold"
+    assert decision.reason == "ttft 1000 ms vs target 500 ms: 2 starting replica(s) will serve it"
+    # they serve: the latency takes a while to show them (settle), then it may go on
+    observation = seen(None, 3, at=NOW + 10, latency=1.0, serving=3)
+    decision, history = decide(p, observation, history, NOW + 10)
+    assert decision.action == "hold"
+    assert decision.reason == (
+        "ttft 1000 ms vs target 500 ms: 3 serving for 0 s < settle 30 s: "
+        "letting the latency show them"
+    )
+    observation = seen(None, 3, at=NOW + 45, latency=1.0, serving=3)
+    decision, history = decide(p, observation, history, NOW + 45)
+    assert (decision.action, decision.desired) == ("up", 6)
+    assert History.from_dict(history.to_dict()) == history
 
 
 def test_a_small_excess_still_adds_one() -> None:
