@@ -737,6 +737,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
         raise SpecError(path, located.line_of(loc), _field(loc) or None, message) from exc
     spec.ignored = ignored
     _check_groups(spec, path, located)
+    _check_scaling(spec, path, located)
     _check_router(spec, path, located)
     _check_commands(spec, path, located)
     _check_ports(spec, path, located)
@@ -836,6 +837,22 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
                 f"replicas[{index}].commands",
                 f"the {worker} group has no commands to run",
             )
+        gpus = spec.gpus(group)
+        if gpus is None:
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index)),
+                f"replicas[{index}].resources.gpu",
+                f"the {worker} group must say how many GPUs a replica needs (e.g. gpu: MI300X:4)",
+            )
+
+
+def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
+    """A latency metric scales the phase it measures, from metrics the worker exports."""
+    for index, group in enumerate(spec.replicas):
+        worker = group.role
+        if worker not in ("prefill", "decode"):
+            continue
         scaling = group.scaling
         if scaling is not None and METRIC_ROLE.get(scaling.metric, worker) != worker:
             right = next(m for m, r in METRIC_ROLE.items() if r == worker)
@@ -847,13 +864,20 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
                 f"the {worker} group cannot move it",
                 hint=f"scale the {worker} group on {right} (or rps)",
             )
-        gpus = spec.gpus(group)
-        if gpus is None:
+        script = " ".join(group.commands)
+        if (
+            scaling is not None
+            and scaling.metric in LATENCY_METRICS
+            and "sglang" in script
+            and "--enable-metrics" not in script
+        ):
             raise SpecError(
                 path,
-                located.line_of(("replicas", index)),
-                f"replicas[{index}].resources.gpu",
-                f"the {worker} group must say how many GPUs a replica needs (e.g. gpu: MI300X:4)",
+                located.line_of(("replicas", index, "scaling", "metric")),
+                f"replicas[{index}].scaling.metric",
+                f"{scaling.metric} is read from the workers' /metrics, which SGLang serves "
+                "only with --enable-metrics",
+                hint="add --enable-metrics to the group's sglang.launch_server command",
             )
 
 

@@ -184,6 +184,11 @@ CASES: list[tuple[str, str, str]] = [
         sub("metric: rps\n      target: 2", "metric: ttft\n      target: 500"),
         "replicas[1].scaling.target",
     ),
+    (
+        "ttft-without-sglang-metrics",
+        sub("metric: rps\n      target: 2", "metric: ttft\n      target: 500ms"),
+        "--enable-metrics",
+    ),
     # Env: duplicates, secret and plain at once, reserved names.
     (
         "env-duplicate",

@@ -245,6 +245,7 @@ PREFILL_SCALING = "    scaling: {metric: rps, target: 2}\n"
 
 def latency(prefill: str, decode: str | None = None) -> str:
     text = BASE.replace(PREFILL_SCALING, f"    scaling: {prefill}\n")
+    text = text.replace("launch_server --disagg", "launch_server --enable-metrics --disagg")
     if decode is not None:
         text = text.replace(
             "  - count: 1\n    commands", f"  - count: 1..3\n    scaling: {decode}\n    commands"
@@ -307,3 +308,10 @@ def test_ttft_on_decode_and_itl_on_prefill_are_refused() -> None:
     assert "scale the prefill group on ttft" in str(err.hint)
     err = error(latency("{metric: rps, target: 2}", "{metric: ttft, target: 500ms}"))
     assert "replicas[2].scaling.metric: ttft measures the prefill phase" in err.message
+
+
+def test_latency_scaling_needs_sglang_metrics() -> None:
+    text = latency("{metric: ttft, target: 500ms}").replace("--enable-metrics ", "")
+    err = error(text)
+    assert err.message.startswith("pd.yml:10: replicas[1].scaling.metric: ttft is read from")
+    assert "--enable-metrics" in str(err.hint)
