@@ -13,7 +13,7 @@ from pdctl.errors import InputError
 from pdctl.lab import host as lab_host
 from pdctl.lab.host import HostPaths
 from pdctl.lab.rootfs import SUDO_USER
-from pdctl.lab.state import FakeHardware, Fault, LabHost, write_hardware
+from pdctl.lab.state import CAPACITY_SETTINGS, FakeHardware, Fault, LabHost, write_hardware
 
 # kind -> what its argument is (None: takes no argument)
 KINDS: dict[str, str | None] = {
@@ -122,8 +122,8 @@ def _stop_sshd(host: LabHost) -> None:
 
 
 def _clear(host: LabHost, paths: HostPaths, hardware: FakeHardware) -> None:
-    fresh = host.hardware()
-    fresh.worker_warmup_secs = hardware.worker_warmup_secs
+    kept = ("worker_warmup_secs", *CAPACITY_SETTINGS)
+    fresh = host.hardware().model_copy(update={k: getattr(hardware, k) for k in kept})
     write_hardware(paths.hardware, fresh)
     if host.kind == "gpu":
         lab_host.prepare_hardware(host, paths)

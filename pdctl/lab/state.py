@@ -46,6 +46,9 @@ class Fault(BaseModel):
         return f"{self.kind} {self.arg}" if self.arg else self.kind
 
 
+CAPACITY_SETTINGS = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_token_floor_ms")
+
+
 class FakeHardware(BaseModel):
     """The per-host state file the fake tools and the SGLang stand-in read live.
 
@@ -66,6 +69,11 @@ class FakeHardware(BaseModel):
     down_ports: list[str] = Field(default_factory=list)
     worker_unhealthy: bool = False
     worker_warmup_secs: float = 1.0
+    # The SGLang stand-in's capacity (pdctl/lab/worker/sglang/capacity.py): lab settings, not
+    # faults, so `fault clear` keeps them.
+    prefill_tokens_per_s: float = Field(default=8000.0, ge=0)
+    decode_tokens_per_s: float = Field(default=400.0, ge=0)
+    decode_token_floor_ms: float = Field(default=10.0, ge=0)
 
 
 class LabHost(BaseModel):

@@ -340,12 +340,15 @@ def test_generate_through_smg(deployment: tuple[Router, Worker, Worker]) -> None
     body = {"text": "native path", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
     reply = request(router.port, "POST", "/generate", body)
     assert reply.status == 200, reply.body
-    assert reply.json()["text"] == f"{decode.who()} echo: native path"
+    # max_new_tokens reaches the decode: its 6-word echo is cycled to 16 tokens.
+    echo = f"{decode.who()} echo: native path".split()
+    expected = " ".join((echo * 3)[:16])
+    assert reply.json()["text"] == expected
     streamed = request(router.port, "POST", "/generate", {**body, "stream": True})
     assert streamed.status == 200, streamed.body
     events = sse_events(streamed.body)
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["text"] == f"{decode.who()} echo: native path"
+    assert json.loads(events[-2])["text"] == expected
 
 
 def test_completions_through_smg(deployment: tuple[Router, Worker, Worker]) -> None:
@@ -353,6 +356,41 @@ def test_completions_through_smg(deployment: tuple[Router, Worker, Worker]) -> N
     reply = request(router.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "p q"})
     assert reply.status == 200, reply.body
     assert reply.json()["choices"][0]["text"] == f"{decode.who()} echo: p q"
+
+
+def histogram_total(worker: Worker, name: str, part: str) -> float:
+    """``sglang:<name>_seconds_<part>`` (count or sum) from the worker's /metrics."""
+    text = request(worker.port, "GET", "/metrics").body.decode()
+    prefix = f'sglang:{name}_seconds_{part}{{model_name="{MODEL}"}} '
+    return sum(float(ln.removeprefix(prefix)) for ln in text.splitlines() if ln.startswith(prefix))
+
+
+def test_prefill_time_reaches_the_client_through_smg(
+    deployment: tuple[Router, Worker, Worker],
+) -> None:
+    """SMG sends both legs at once; the decode waits for its prefill's KV hand-off, so the
+    client's first token comes after the prefill, which records TTFT, the decode ITL."""
+    router, prefill, decode = deployment
+    ttft_before = histogram_total(prefill, "time_to_first_token", "count")
+    itl_before = histogram_total(decode, "inter_token_latency", "count")
+    prefill.state_path.write_text(json.dumps({"prefill_tokens_per_s": 2000}))
+    try:
+        words = " ".join(f"w{i}" for i in range(600))  # 0.3 s of prefill at 2,000 tokens/s
+        body = {**chat(words, stream=True), "max_tokens": 3}
+        started = time.monotonic()
+        reply = request(router.port, "POST", "/v1/chat/completions", body)
+        elapsed = time.monotonic() - started
+    finally:
+        prefill.state_path.write_text("{}")
+    assert reply.status == 200, reply.body
+    chunks = [json.loads(e) for e in sse_events(reply.body) if e != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert len(text.split()) == 3
+    assert elapsed >= 0.3
+    wait_for(lambda: histogram_total(prefill, "time_to_first_token", "count") == ttft_before + 1)
+    assert histogram_total(prefill, "time_to_first_token", "sum") >= 0.3
+    assert histogram_total(decode, "inter_token_latency", "count") == itl_before + 2
+    assert "KV hand-off" not in decode.log()  # SMG's bootstrap_room reached the prefill
 
 
 def test_router_metrics_count_requests(deployment: tuple[Router, Worker, Worker]) -> None:

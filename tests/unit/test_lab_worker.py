@@ -433,8 +433,10 @@ def test_generate_native_api(pair: tuple[Worker, Worker]) -> None:
     prefill, decode = pair
     body = {"text": "native call", "sampling_params": {"max_new_tokens": 8}}
     out = request(decode.port, "POST", "/generate", {**body, **bootstrap_fields(prefill)}).json()
-    assert out["text"] == f"{decode.who()} echo: native call"
-    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+    echo = f"{decode.who()} echo: native call".split()  # 6 words, cycled up to the limit
+    assert out["text"] == " ".join(echo + echo[:2])
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+    assert out["meta_info"]["completion_tokens"] == 8
     assert out["meta_info"]["prompt_tokens"] == 2
     stream = request(
         decode.port, "POST", "/generate", {**body, "stream": True, **bootstrap_fields(prefill)}
@@ -443,7 +445,7 @@ def test_generate_native_api(pair: tuple[Worker, Worker]) -> None:
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert last["text"] == out["text"]
-    assert last["meta_info"]["finish_reason"]["type"] == "stop"
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
     assert json.loads(events[0])["text"] == "[decode "
 
 

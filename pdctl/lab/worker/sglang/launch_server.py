@@ -11,24 +11,48 @@ the router cannot tell it from SGLang:
 * ``POST /generate``, ``/v1/completions`` and ``/v1/chat/completions``, streamed (SSE over
   chunked encoding) or not. A decode worker first reaches the prefill's bootstrap server named
   in the request (``bootstrap_host``/``bootstrap_port``), as the KV transfer would, and fails
-  with HTTP 500 when it cannot; its answer names the decode worker and echoes the prompt;
+  with HTTP 500 when it cannot; it then waits there until the prefill of its
+  ``bootstrap_room`` has finished (the KV hand-off; it decodes anyway, with a warning, when no
+  prefill request for the room arrived within 2 s). Its answer names the decode worker and
+  echoes the prompt; ``max_tokens``/``max_completion_tokens`` (``sampling_params.
+  max_new_tokens`` on /generate) set the number of tokens, the echo's words cycled or cut to
+  it (finish reason ``length``). Tokens are whitespace-separated words, the prompt's too;
+* a finite capacity (capacity.py): one prefill slot works through prompt tokens one request
+  at a time in arrival order (so TTFT grows with the queued prompt load); one decode slot's
+  token rate is shared by its concurrent streams, each waiting ``max(floor, streams / rate)``
+  between two tokens. Streams emit tokens at that pace; other replies come after the same
+  time. ``/metrics`` exports SGLang's ``time_to_first_token``, ``inter_token_latency`` and
+  ``e2e_request_latency`` histograms (a prefill records TTFT, a decode ITL), with SGLang's
+  bucket bounds or those of its ``--bucket-*`` flags;
 * a prefill's bootstrap server on ``--disaggregation-bootstrap-port``;
 * SIGTERM/SIGINT: health turns 503, new generations are refused, in-flight ones finish,
   then the process exits 0.
 
-Faults come from the lab's state file (``PDFAKE_STATE``, default ``/etc/pd-fake/state.json``):
-``worker_unhealthy``, ``worker_warmup_secs``, ``worker_latency_ms``. At start, a prefill or
-decode worker on an RDMA transfer backend fails like libibverbs and Mooncake do when the
-host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted into the container.
+The lab's state file (``PDFAKE_STATE``, default ``/etc/pd-fake/state.json``), re-read per
+request, holds faults and the lab's settings; an environment variable overrides each:
 
-It runs on a bare Debian python3: standard library only, and no import from pdctl or from
-other modules of this package.
+* ``worker_unhealthy`` (true: /health answers 503);
+* ``worker_warmup_secs`` (``PDFAKE_WARMUP_SECS``, 1; read once, at start): 503 until then;
+* ``worker_latency_ms`` (``PDFAKE_LATENCY_MS``, 20): a fixed cost before each first token;
+* ``prefill_tokens_per_s`` (``PDFAKE_PREFILL_TOKENS_PER_S``, 8000; 0: no prefill time);
+* ``decode_tokens_per_s`` (``PDFAKE_DECODE_TOKENS_PER_S``, 400; shared by the streams;
+  0: only the floor);
+* ``decode_token_floor_ms`` (``PDFAKE_DECODE_TOKEN_FLOOR_MS``, 10): the least time
+  between two tokens of a stream.
+
+At start, a prefill or decode worker on an RDMA transfer backend fails like libibverbs and
+Mooncake do when the host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted
+into the container.
+
+It runs on a bare Debian python3: standard library only, no import from pdctl, and from this
+package only by relative import (the lab image installs the package as ``sglang``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -43,11 +67,25 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
+
+from .capacity import (
+    DEFAULT_DECODE_TOKEN_FLOOR_MS,
+    DEFAULT_DECODE_TOKENS_PER_S,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    TTFT_BUCKETS,
+    Capacity,
+    KvRooms,
+    Pace,
+    Rates,
+)
 
 VERSION = "0.5.x-pdctl-lab"
 DEFAULT_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
@@ -106,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=None)
     add("--trust-remote-code", action="store_true")
     add("--api-key", default=None)
+    # SGLang's histogram bounds (docs/facts.md, SGLang workers, Metrics); default: SGLang's.
+    add("--bucket-time-to-first-token", type=float, nargs="+", default=None)
+    add("--bucket-inter-token-latency", type=float, nargs="+", default=None)
+    add("--bucket-e2e-request-latency", type=float, nargs="+", default=None)
     return parser
 
 
@@ -113,6 +155,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored)."""
     args, unknown = build_parser().parse_known_args(list(argv))
     return args, [item for item in unknown if item.startswith("-")]
+
+
+def buckets(given: list[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
+    """Histogram bounds from a --bucket-* flag (sorted, distinct, finite), else SGLang's."""
+    chosen = sorted({b for b in given or () if math.isfinite(b)})
+    return tuple(chosen) or default
 
 
 @dataclass(frozen=True)
@@ -135,6 +183,9 @@ class ServerConfig:
     trust_remote_code: bool
     api_key: str | None
     hostname: str
+    ttft_buckets: tuple[float, ...] = TTFT_BUCKETS
+    itl_buckets: tuple[float, ...] = ITL_BUCKETS
+    e2e_buckets: tuple[float, ...] = E2E_BUCKETS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -157,6 +208,9 @@ class ServerConfig:
             trust_remote_code=args.trust_remote_code,
             api_key=args.api_key,
             hostname=socket.gethostname(),
+            ttft_buckets=buckets(args.bucket_time_to_first_token, TTFT_BUCKETS),
+            itl_buckets=buckets(args.bucket_inter_token_latency, ITL_BUCKETS),
+            e2e_buckets=buckets(args.bucket_e2e_request_latency, E2E_BUCKETS),
         )
 
     @property
@@ -377,6 +431,7 @@ class Runtime:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._recent: deque[tuple[float, int]] = deque()
+        self.capacity = Capacity(cfg.ttft_buckets, cfg.itl_buckets, cfg.e2e_buckets)
 
     @property
     def draining(self) -> bool:
@@ -395,6 +450,36 @@ class Runtime:
             setting("PDFAKE_LATENCY_MS", "worker_latency_ms", DEFAULT_LATENCY_MS, self.state.read())
             / 1000.0
         )
+
+    def rates(self) -> Rates:
+        state = self.state.read()
+        floor_ms = setting(
+            "PDFAKE_DECODE_TOKEN_FLOOR_MS",
+            "decode_token_floor_ms",
+            DEFAULT_DECODE_TOKEN_FLOOR_MS,
+            state,
+        )
+        return Rates(
+            prefill_tokens_per_s=setting(
+                "PDFAKE_PREFILL_TOKENS_PER_S",
+                "prefill_tokens_per_s",
+                DEFAULT_PREFILL_TOKENS_PER_S,
+                state,
+            ),
+            decode_tokens_per_s=setting(
+                "PDFAKE_DECODE_TOKENS_PER_S",
+                "decode_tokens_per_s",
+                DEFAULT_DECODE_TOKENS_PER_S,
+                state,
+            ),
+            decode_floor_s=floor_ms / 1000.0,
+        )
+
+    def load(self) -> tuple[int, int]:
+        """(running, queued) generations: queued ones wait for the prefill slot."""
+        _, queued = self.capacity.prefill.load()
+        queued = min(queued, self.inflight)
+        return self.inflight - queued, queued
 
     def begin(self) -> bool:
         """Admit one generation; False once draining."""
@@ -446,6 +531,30 @@ class Answer:
     text: str
     prompt_tokens: int
     completion_tokens: int
+    finish: str = "stop"
+
+
+class BadRequest(ValueError):
+    """A request SGLang would answer with HTTP 400."""
+
+
+def token_limit(path: str, body: Json) -> int | None:
+    """The number of tokens to generate the request asks for, if any: ``max_tokens`` or
+    ``max_completion_tokens`` (OpenAI), ``sampling_params.max_new_tokens`` (/generate)."""
+    candidates: list[tuple[str, object]] = [
+        ("max_completion_tokens", body.get("max_completion_tokens")),
+        ("max_tokens", body.get("max_tokens")),
+    ]
+    params = body.get("sampling_params")
+    if path == "/generate" and isinstance(params, dict):
+        candidates = [("sampling_params.max_new_tokens", params.get("max_new_tokens"))]
+    for name, value in candidates:
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
+        return value
+    return None
 
 
 def count_tokens(text: str) -> int:
@@ -486,14 +595,19 @@ def text_prompts(value: object) -> list[str]:
     return [""]
 
 
-def make_answer(cfg: ServerConfig, prompt: str, context: str) -> Answer:
-    """The deterministic reply; a prefill worker's is empty (the router discards it)."""
+def make_answer(cfg: ServerConfig, prompt: str, context: str, limit: int | None) -> Answer:
+    """The deterministic reply: the worker's name and the prompt, its words cycled or cut to
+    ``limit`` tokens when the request sets one (then it ends on ``length``, as an engine does
+    at max_tokens); a prefill worker's is empty (the router discards it)."""
     if cfg.mode == "prefill":
-        text = ""
-    else:
-        who = f"{cfg.label} {cfg.hostname}:{cfg.port} model={cfg.served_model_name}"
-        text = f"[{who}] echo: {prompt}"
-    return Answer(text, count_tokens(context), count_tokens(text))
+        return Answer("", count_tokens(context), 0)
+    who = f"{cfg.label} {cfg.hostname}:{cfg.port} model={cfg.served_model_name}"
+    text = f"[{who}] echo: {prompt}"
+    if limit is None:
+        return Answer(text, count_tokens(context), count_tokens(text))
+    words = text.split()
+    text = " ".join(words[i % len(words)] for i in range(limit))
+    return Answer(text, count_tokens(context), limit, "length")
 
 
 def pieces(text: str) -> list[str]:
@@ -517,6 +631,16 @@ def request_model(cfg: ServerConfig, body: Json) -> str:
 def wants_usage_chunk(body: Json) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def bootstrap_room(body: Json) -> str | None:
+    """The request's KV room (a batch carries a list; its first names the hand-off)."""
+    room: object = body.get("bootstrap_room")
+    if isinstance(room, list):
+        room = room[0] if room else None
+    if isinstance(room, bool) or not isinstance(room, int | str):
+        return None
+    return str(room)
 
 
 def bootstrap_target(body: Json) -> tuple[str, int] | None:
@@ -555,19 +679,20 @@ def probe_bootstrap(host: str, port: int, timeout: float = BOOTSTRAP_TIMEOUT_SEC
 
 def chat_body(cfg: ServerConfig, body: Json, answer: Answer, rid: str) -> Json:
     message = {"role": "assistant", "content": answer.text, "tool_calls": None}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": answer.finish}
     return {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request_model(cfg, body),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [choice],
         "usage": usage(answer),
     }
 
 
 def completion_body(cfg: ServerConfig, body: Json, answers: list[Answer], rid: str) -> Json:
     choices = [
-        {"index": i, "text": a.text, "logprobs": None, "finish_reason": "stop"}
+        {"index": i, "text": a.text, "logprobs": None, "finish_reason": a.finish}
         for i, a in enumerate(answers)
     ]
     total = Answer(
@@ -585,10 +710,17 @@ def completion_body(cfg: ServerConfig, body: Json, answers: list[Answer], rid: s
     }
 
 
+def finish_reason(answer: Answer) -> Json:
+    """/generate's finish reason: ``stop`` at the end of the answer, ``length`` at the limit."""
+    if answer.finish == "length":
+        return {"type": "length", "length": answer.completion_tokens}
+    return {"type": "stop", "matched": None}
+
+
 def generate_item(answer: Answer, rid: str, text: str, finished: bool, started: float) -> Json:
     meta: Json = {
         "id": rid,
-        "finish_reason": {"type": "stop", "matched": None} if finished else None,
+        "finish_reason": finish_reason(answer) if finished else None,
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": count_tokens(text),
         "cached_tokens": 0,
@@ -662,15 +794,20 @@ class BootstrapHandler(BaseHandler):
     """The prefill's KV bootstrap server: enough of it for a decode to reach it."""
 
     timeout = 10
+    rooms: ClassVar[KvRooms]
 
     def handle(self) -> None:
         log(f"KV bootstrap connection from {self.client_address[0]}:{self.client_address[1]}")
         super().handle()
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         if path == "/health":
             self.send_body(200, b"OK", "text/plain; charset=utf-8")
+        elif path == "/kv":
+            room = (parse_qs(url.query).get("room") or [""])[0]
+            self.send_json(200, {"room": room, "state": self.rooms.wait(room)})
         elif path == "/route":
             self.send_json(200, {"status": "ok", "bootstrap": "pdctl-lab"})
         else:
@@ -824,19 +961,29 @@ class WorkerHandler(BaseHandler):
         if not isinstance(body, dict):
             self.send_error_json(400, "The request body must be a JSON object")
             return
+        try:
+            limit = token_limit(path, body)
+        except BadRequest as exc:
+            self.send_error_json(400, str(exc))
+            return
         if not self.runtime.begin():
             self.send_error_json(503, "The server is shutting down; not accepting new requests")
             return
         self._quiet = True
         started = time.monotonic()
+        room = bootstrap_room(body) if self.cfg.mode == "prefill" else None
+        if room is not None:
+            self.runtime.capacity.rooms.arrived(room)
         status, answers = 500, list[Answer]()
         try:
-            status, answers = self._generate(path, body, started)
+            status, answers = self._generate(path, body, limit, started)
         except (BrokenPipeError, ConnectionResetError):
             # The router drops the other leg's connection once one leg fails; SGLang aborts.
             self.close_connection = True
             status = CLIENT_CLOSED_REQUEST
         finally:
+            if room is not None:
+                self.runtime.capacity.rooms.finished(room)
             prompt = sum(a.prompt_tokens for a in answers)
             done = sum(a.completion_tokens for a in answers)
             self.runtime.end(prompt, done)
@@ -854,20 +1001,41 @@ class WorkerHandler(BaseHandler):
             f"{via} {int((time.monotonic() - started) * 1000)}ms"
         )
 
-    def _generate(self, path: str, body: Json, started: float) -> tuple[int, list[Answer]]:
+    def _generate(
+        self, path: str, body: Json, limit: int | None, started: float
+    ) -> tuple[int, list[Answer]]:
         if self.cfg.mode == "decode":
             error = self._kv_transfer_error(body)
             if error:
                 self.send_error_json(500, error)
                 return 500, []
-        answers = self._answers(path, body)
+        answers = self._answers(path, body, limit)
         rid = uuid.uuid4().hex
-        if body.get("stream") is True:
-            self._stream(path, body, answers[0], rid, started)
-        else:
-            time.sleep(self.runtime.latency_secs())
-            self.send_json(200, self._full_body(path, body, answers, rid, started))
+        pace = self._pace(sum(a.prompt_tokens for a in answers), body, started)
+        served = False
+        try:
+            if body.get("stream") is True:
+                self._stream(path, body, answers[0], rid, pace)
+            else:
+                pace.run(max(a.completion_tokens for a in answers))
+                self.send_json(200, self._full_body(path, body, answers, rid, started))
+            served = True
+        finally:
+            pace.close(served)
         return 200, answers
+
+    def _pace(self, prompt_tokens: int, body: Json, started: float) -> Pace:
+        target, room = bootstrap_target(body), bootstrap_room(body)
+        return Pace(
+            capacity=self.runtime.capacity,
+            mode=self.cfg.mode,
+            rates=self.runtime.rates(),
+            latency=self.runtime.latency_secs(),
+            prompt_tokens=prompt_tokens,
+            kv_from=(*target, room) if target is not None and room is not None else None,
+            started=started,
+            warn=partial(log, level="WARNING"),
+        )
 
     def _kv_transfer_error(self, body: Json) -> str | None:
         target = bootstrap_target(body)
@@ -881,12 +1049,12 @@ class WorkerHandler(BaseHandler):
             f"{target[0]}:{target[1]} (bootstrap_room={body.get('bootstrap_room')}): {error}"
         )
 
-    def _answers(self, path: str, body: Json) -> list[Answer]:
+    def _answers(self, path: str, body: Json, limit: int | None) -> list[Answer]:
         if path == "/v1/chat/completions":
             last, context = chat_prompt(body)
-            return [make_answer(self.cfg, last, context)]
+            return [make_answer(self.cfg, last, context, limit)]
         key = "prompt" if path == "/v1/completions" else "text"
-        return [make_answer(self.cfg, p, p) for p in text_prompts(body.get(key))]
+        return [make_answer(self.cfg, p, p, limit) for p in text_prompts(body.get(key))]
 
     def _full_body(
         self, path: str, body: Json, answers: list[Answer], rid: str, started: float
@@ -914,13 +1082,13 @@ class WorkerHandler(BaseHandler):
 
     # ---- streaming (SSE over chunked transfer encoding)
 
-    def _stream(self, path: str, body: Json, answer: Answer, rid: str, started: float) -> None:
+    def _stream(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in self._events(path, body, answer, rid, started):
+        for event in self._events(path, body, answer, rid, pace):
             self._write_chunk(f"data: {event}\n\n".encode())
         self._write_chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
@@ -930,18 +1098,16 @@ class WorkerHandler(BaseHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _events(
-        self, path: str, body: Json, answer: Answer, rid: str, started: float
-    ) -> Iterator[str]:
-        deltas = pieces(answer.text)
+    def _events(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> Iterator[str]:
         ctx = StreamContext(
             rid=rid,
             model=request_model(self.cfg, body),
             chat=path == "/v1/chat/completions",
-            started=started,
-            delay=self.runtime.latency_secs() / max(1, len(deltas)),
+            started=pace.started,
+            pace=pace,
             include_usage=wants_usage_chunk(body),
         )
+        deltas = pieces(answer.text)
         if path == "/generate":
             return generate_events(ctx, answer, deltas)
         return openai_events(ctx, answer, deltas)
@@ -956,7 +1122,7 @@ class StreamContext:
     model: str
     chat: bool
     started: float
-    delay: float
+    pace: Pace
     include_usage: bool
 
     def chunk(self, choice: Json) -> str:
@@ -993,12 +1159,11 @@ def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iter
     """OpenAI's stream: a role chunk (chat), one delta per word, a finish chunk, usage."""
     if ctx.chat:
         yield ctx.chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-    for delta in deltas:
-        time.sleep(ctx.delay)
+    for index, delta in enumerate(deltas):
+        ctx.pace.token(index)
         yield ctx.delta(delta)
-    if not deltas:
-        time.sleep(ctx.delay)
-    yield ctx.delta("", "stop")
+    ctx.pace.token(0)  # an empty answer still waits for its prefill
+    yield ctx.delta("", answer.finish)
     if ctx.include_usage:
         yield ctx.usage_chunk(answer)
 
@@ -1006,24 +1171,25 @@ def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iter
 def generate_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iterator[str]:
     """SGLang's native stream: each event carries the cumulative text so far."""
     text = ""
-    for delta in deltas:
-        time.sleep(ctx.delay)
+    for index, delta in enumerate(deltas):
+        ctx.pace.token(index)
         text += delta
         yield json.dumps(generate_item(answer, ctx.rid, text, False, ctx.started))
-    if not deltas:
-        time.sleep(ctx.delay)
+    ctx.pace.token(0)  # an empty answer still waits for its prefill
     yield json.dumps(generate_item(answer, ctx.rid, answer.text, True, ctx.started))
 
 
 def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
     """One DP rank's entry of /v1/loads, with the optional sections SGLang adds."""
     dp = rt.cfg.dp_size
-    running = rt.inflight // dp + (1 if rank < rt.inflight % dp else 0)
+    busy, queued = rt.load()
+    running = busy // dp + (1 if rank < busy % dp else 0)
+    waiting = queued // dp + (1 if rank < queued % dp else 0)
     used = running * TOKENS_PER_RUNNING_REQUEST
     load: Json = {
         "dp_rank": rank,
         "num_running_reqs": running,
-        "num_waiting_reqs": 0,
+        "num_waiting_reqs": waiting,
         "num_waiting_uncached_tokens": 0,
         "num_used_tokens": used,
         "num_total_tokens": used,
@@ -1033,7 +1199,7 @@ def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
         "cache_hit_rate": 0.0,
         "utilization": round(running / rt.cfg.max_running_requests, 4),
         "max_running_requests": rt.cfg.max_running_requests,
-        "num_total_reqs": running,
+        "num_total_reqs": running + waiting,
     }
     everything = "all" in include
     if everything or "memory" in include:
@@ -1044,7 +1210,7 @@ def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
             "token_capacity": MAX_TOTAL_NUM_TOKENS,
         }
     if everything or "queues" in include:
-        load["queues"] = {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+        load["queues"] = {"waiting": waiting, "grammar": 0, "paused": 0, "retracted": 0}
     if everything or "disagg" in include:
         load["disaggregation"] = disaggregation_load(rt.cfg.mode)
     return load
@@ -1082,38 +1248,48 @@ def _label_value(value: str) -> str:
 
 
 def render_metrics(rt: Runtime) -> str:
-    """SGLang's Prometheus gauges and counters, labelled like a real TP rank 0."""
-    labels = (
-        f'engine_type="{rt.cfg.engine_type}",model_name="{_label_value(rt.cfg.served_model_name)}",'
-        'pp_rank="0",tp_rank="0"'
-    )
-    series = [
-        ("num_running_reqs", "gauge", "The number of running requests.", rt.inflight),
-        ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
-        ("token_usage", "gauge", "The token usage.", rt.token_usage()),
-        ("gen_throughput", "gauge", "The generation throughput (token/s).", rt.gen_throughput()),
-        ("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
-        (
-            "prompt_tokens_total",
-            "counter",
-            "Number of prefill tokens processed.",
-            rt.prompt_tokens_total,
-        ),
+    """SGLang's Prometheus series: the scheduler's gauges labelled like a real TP rank 0, the
+    tokenizer's counters and histograms labelled by model only, as SGLang labels them."""
+    model = f'model_name="{_label_value(rt.cfg.served_model_name)}"'
+    labels = f'engine_type="{rt.cfg.engine_type}",{model},pp_rank="0",tp_rank="0"'
+    running, queued = rt.load()
+    cap = rt.capacity
+    gauges = [
+        ("num_running_reqs", "The number of running requests.", running),
+        ("num_queue_reqs", "The number of requests in the waiting queue.", queued),
+        ("token_usage", "The token usage.", rt.token_usage()),
+        ("gen_throughput", "The generation throughput (token/s).", rt.gen_throughput()),
+        ("cache_hit_rate", "The prefix cache hit rate.", 0.0),
+    ]
+    counters = [
+        ("prompt_tokens_total", "Number of prefill tokens processed.", rt.prompt_tokens_total),
         (
             "generation_tokens_total",
-            "counter",
             "Number of generation tokens processed.",
             rt.generation_tokens_total,
         ),
-        ("num_requests_total", "counter", "Number of requests processed.", rt.requests_total),
+        ("num_requests_total", "Number of requests processed.", rt.requests_total),
     ]
     lines: list[str] = []
-    for name, kind, help_text, value in series:
+    for name, help_text, value in gauges:
         lines += [
             f"# HELP sglang:{name} {help_text}",
-            f"# TYPE sglang:{name} {kind}",
+            f"# TYPE sglang:{name} gauge",
             f"sglang:{name}{{{labels}}} {float(value)}",
         ]
+    for name, help_text, value in counters:
+        lines += [
+            f"# HELP sglang:{name} {help_text}",
+            f"# TYPE sglang:{name} counter",
+            f"sglang:{name}{{{model}}} {float(value)}",
+        ]
+    histograms = [
+        ("time_to_first_token", "Histogram of time to first token in seconds.", cap.ttft),
+        ("inter_token_latency", "Histogram of inter-token latency in seconds.", cap.itl),
+        ("e2e_request_latency", "Histogram of End-to-end request latency in seconds", cap.e2e),
+    ]
+    for name, help_text, histogram in histograms:
+        lines += histogram.render(f"sglang:{name}_seconds", help_text, model)
     return "\n".join(lines) + "\n"
 
 
@@ -1128,6 +1304,16 @@ def handler_for(runtime: Runtime) -> type[WorkerHandler]:
 
     BoundWorkerHandler.runtime = runtime
     return BoundWorkerHandler
+
+
+def bootstrap_for(runtime: Runtime) -> type[BootstrapHandler]:
+    """The bootstrap server's handler class, bound to this prefill's KV rooms."""
+
+    class BoundBootstrapHandler(BootstrapHandler):
+        pass
+
+    BoundBootstrapHandler.rooms = runtime.capacity.rooms
+    return BoundBootstrapHandler
 
 
 def serve_in_thread(server: WorkerHTTPServer, name: str) -> threading.Thread:
@@ -1149,7 +1335,7 @@ def start_servers(cfg: ServerConfig, runtime: Runtime) -> list[WorkerHTTPServer]
     servers: list[WorkerHTTPServer] = []
     try:
         if cfg.mode == "prefill":
-            servers.append(bind_server(cfg.host, cfg.bootstrap_port, BootstrapHandler))
+            servers.append(bind_server(cfg.host, cfg.bootstrap_port, bootstrap_for(runtime)))
             log(f"KV bootstrap server listening on {cfg.host}:{cfg.bootstrap_port}")
         servers.append(bind_server(cfg.host, cfg.port, handler_for(runtime)))
     except OSError:
