@@ -9,7 +9,9 @@ Per group, in this order:
    the load per replica is within +-tolerance of the target (HPA's 10% band).
    A latency metric (ttft on prefill, itl on decode; ``target`` in seconds) has an asymmetric
    band instead: out when the observed percentile exceeds the target by more than the
-   tolerance (to HPA's proportional ceil(current * value / target), at least one more), in
+   tolerance (to HPA's proportional ceil(serving * value / target), at least one more, at
+   most double the serving replicas; not while replicas it started still load, nor until
+   the serving count has held ``settle`` seconds: a latency shows new replicas late), in
    only below ``scale_in_below`` x target, and only to a count whose estimated latency
    (value x current / fewer: latency grows with the load per replica) stays under the target
    less the tolerance, and never while requests queue (the replicas are at capacity).
