@@ -13,7 +13,8 @@ R = B / A (higher is better):
 - check: `fleet check` versus the same checks host after host.
 - scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
   scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
-- scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/).
+- scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/) and
+  bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS).
 
 --dry-run builds every input (specs, baseline playbooks and config) and runs the simulation,
 without a lab: what CI's smoke test runs.
@@ -31,7 +32,7 @@ from pathlib import Path
 if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import actions, baseline, scaler_sim
+from bench import actions, baseline, scaler_phases, scaler_sim
 from bench.lablib import (
     FLEET,
     OUT,
@@ -204,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "scaler-sim" in wanted:
             progress("scaler-sim")
             scaler_sim.main(["--seconds", "600"] if args.dry_run else [])
+            scaler_phases.main(["--seconds", "1800"] if args.dry_run else [])
         if args.dry_run:
             dry_run(args.hosts, args.small)
             return 0

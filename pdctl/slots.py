@@ -129,6 +129,15 @@ class Actuator:
             return False
         return response.status == 200
 
+    def metrics(self, slot: Slot) -> str:
+        """The worker's own Prometheus text (its serving port's /metrics: the engines' latency
+        histograms and load gauges, docs/facts.md Worker metrics)."""
+        connector = self.connector(self.targets[slot.host])
+        response = request(connector, slot.address, slot.port, "GET", "/metrics", timeout=5)
+        if response.status != 200:
+            raise HostError(f"{slot.name}: GET /metrics answered {response.status}")
+        return response.body.decode(errors="replace")
+
     def why(self, slot: Slot) -> Unhealthy:
         """The slot's unit state, restart count and last journal lines (secrets masked)."""
         output = self._unitctl(slot.host, "why", slot.group, str(slot.index)).stdout

@@ -9,6 +9,7 @@ PURE: no network, no disk beyond reading the file it is given.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -77,7 +80,7 @@ MAX_SLOTS = 1024
 MIN_PORT_STRIDE = 300
 DEFAULT_PORT_STRIDE = 1000
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MB|GB|TB)?\s*$", re.I)
 
 
@@ -102,7 +105,8 @@ def _seconds(value: Any) -> float:
     match = _DURATION.match(str(value))
     if not match:
         raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 5m, 1h)")
-    return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2] or "s"]
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(match[1]) * units[match[2] or "s"]
 
 
 def _delay(value: float) -> float:
@@ -356,13 +360,77 @@ class Resources(Strict):
     )
 
 
+# Latency targets and windows: sane bounds (a TTFT or ITL target beyond a minute, or a
+# window the scaler cannot fill with scrapes, is a typo rather than a policy).
+LATENCY_TARGET_MAX = 60.0
+WINDOW_MIN, WINDOW_MAX = 10.0, 3600.0
+LATENCY_METRICS = ("ttft", "itl")
+# Which phase a latency metric measures (docs/facts.md, Worker metrics): TTFT is the prefill
+# worker's queue + prompt processing, ITL the decode worker's per-token time.
+METRIC_ROLE = {"ttft": "prefill", "itl": "decode"}
+
+
+def _percentile(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a percentile: p50, p90, p99 (or 50..99.9)")
+    text = str(value).strip()
+    number = text[1:] if text[:1] in {"p", "P"} else text
+    try:
+        result = float(number)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a percentile (use e.g. p90)") from None
+    if not 50 <= result < 100:
+        raise ValueError(f"{value!r}: a percentile between p50 and p99.9")
+    return result
+
+
 class Scaling(Strict):
-    metric: Literal["rps"] = Field(
-        description="Requests per second through the router (dstack's only metric)."
+    metric: Literal["rps", "ttft", "itl"] = Field(
+        description="rps: requests per second through the router (dstack's metric); "
+        "ttft: time to first token (prefill groups); itl: inter-token latency (decode groups)."
     )
-    target: float = Field(gt=0, le=1e6, description="RPS one replica of this group should carry.")
+    target: float = Field(
+        description="rps: what one replica should carry (a number); ttft/itl: the latency "
+        "to keep the percentile under (a duration: 500ms, 0.5s)."
+    )
+    percentile: Annotated[float, BeforeValidator(_percentile)] = Field(
+        90.0, description="ttft/itl: which percentile of the window is compared (p90)."
+    )
+    window: Annotated[float, BeforeValidator(_seconds)] = Field(
+        60.0, description="ttft/itl: the span the percentile covers."
+    )
     scale_up_delay: Delay | None = None
     scale_down_delay: Delay | None = None
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _target(cls, value: Any, info: ValidationInfo) -> float:
+        metric = info.data.get("metric")
+        if isinstance(value, bool):
+            raise ValueError("a number (rps) or a duration (ttft, itl)")
+        if metric in LATENCY_METRICS:
+            seconds = _seconds(value)
+            validate.seconds(seconds)
+            if seconds > LATENCY_TARGET_MAX:
+                raise ValueError(
+                    f"{seconds:g} s is not a sane {metric} target (at most "
+                    f"{LATENCY_TARGET_MAX:g} s; a bare number is seconds: write e.g. 500ms)"
+                )
+            return seconds
+        if isinstance(value, str):
+            raise ValueError(f"{value!r}: an rps target is a number of requests per second")
+        rps = float(value)
+        if not (math.isfinite(rps) and 0 < rps <= 1e6):
+            raise ValueError(f"{value!r}: an rps target is a number in (0, 1000000]")
+        return rps
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: float) -> float:
+        validate.seconds(value)
+        if not WINDOW_MIN <= value <= WINDOW_MAX:
+            raise ValueError(f"{value:g} s: a window between {WINDOW_MIN:g} s and 1h")
+        return value
 
 
 class Router(Strict):
@@ -669,6 +737,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
         raise SpecError(path, located.line_of(loc), _field(loc) or None, message) from exc
     spec.ignored = ignored
     _check_groups(spec, path, located)
+    _check_scaling(spec, path, located)
     _check_router(spec, path, located)
     _check_commands(spec, path, located)
     _check_ports(spec, path, located)
@@ -775,6 +844,40 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
                 located.line_of(("replicas", index)),
                 f"replicas[{index}].resources.gpu",
                 f"the {worker} group must say how many GPUs a replica needs (e.g. gpu: MI300X:4)",
+            )
+
+
+def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
+    """A latency metric scales the phase it measures, from metrics the worker exports."""
+    for index, group in enumerate(spec.replicas):
+        worker = group.role
+        if worker not in ("prefill", "decode"):
+            continue
+        scaling = group.scaling
+        if scaling is not None and METRIC_ROLE.get(scaling.metric, worker) != worker:
+            right = next(m for m, r in METRIC_ROLE.items() if r == worker)
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index, "scaling", "metric")),
+                f"replicas[{index}].scaling.metric",
+                f"{scaling.metric} measures the {METRIC_ROLE[scaling.metric]} phase: "
+                f"the {worker} group cannot move it",
+                hint=f"scale the {worker} group on {right} (or rps)",
+            )
+        script = " ".join(group.commands)
+        if (
+            scaling is not None
+            and scaling.metric in LATENCY_METRICS
+            and "sglang" in script
+            and "--enable-metrics" not in script
+        ):
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index, "scaling", "metric")),
+                f"replicas[{index}].scaling.metric",
+                f"{scaling.metric} is read from the workers' /metrics, which SGLang serves "
+                "only with --enable-metrics",
+                hint="add --enable-metrics to the group's sglang.launch_server command",
             )
 
 

@@ -193,7 +193,8 @@ def _render_status(app: App, doc: StatusResult) -> None:
         bounds = f"{group.min}..{group.max}"
         pinned = f", pinned {group.pinned}" if group.pinned is not None else ""
         last = group.last_decision
-        why = f" ({last.reason})" if last else ""
+        signal = last.signal_text() if last else None
+        why = (f", {signal}" if signal else "") + (f" ({last.reason})" if last else "")
         app.out.line(
             f"{role}: {group.running} running, desired {desired}{pinned}, bounds {bounds}{why}"
         )

@@ -7,6 +7,14 @@ Per group, in this order:
 3. Missing or stale metrics: hold; never scale down on no data (HPA).
 4. recommendation = ceil(rps / target) clamped to [min, max] (rps 0 -> min). No action while
    the load per replica is within +-tolerance of the target (HPA's 10% band).
+   A latency metric (ttft on prefill, itl on decode; ``target`` in seconds) has an asymmetric
+   band instead: out when the observed percentile exceeds the target by more than the
+   tolerance (to HPA's proportional ceil(serving * value / target), at least one more, at
+   most double the serving replicas; not while replicas it started still load, nor until
+   the serving count has held ``settle`` seconds: a latency shows new replicas late), in
+   only below ``scale_in_below`` x target, and only to a count whose estimated latency
+   (value x current / fewer: latency grows with the load per replica) stays under the target
+   less the tolerance, and never while requests queue (the replicas are at capacity).
 5. Up: only ``scale_up_delay`` after this group's last scaling, at most ``max_step_up`` at once.
    Down: the HIGHEST recommendation within the stabilization window wins (HPA), then
    ``scale_down_delay``, then at most ``max_step_down`` at once.
@@ -28,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Action = Literal["up", "down", "hold"]
+Metric = Literal["rps", "ttft", "itl"]
 
 # ceil(1.1 / 0.1) would be 12: forgive float noise just above an integer.
 _EPSILON = 1e-9
@@ -40,7 +49,8 @@ class Policy:
     group: str  # "prefill" or "decode"
     min: int
     max: int
-    target: float  # RPS one replica should carry (inf for a group without scaling)
+    target: float  # rps: what one replica carries (inf: no scaling); ttft/itl: seconds
+    metric: Metric = "rps"
     tolerance: float = 0.1  # no action while the load per replica is within +-10% of target
     scale_up_delay: float = 0.0  # seconds since this group's last scaling before an up
     scale_down_delay: float = 60.0  # ... before a down
@@ -50,6 +60,10 @@ class Policy:
     stale_after: float = 60.0  # an observation older than this is missing data
     pinned: int | None = None  # manual override (pdctl scale)
     inflight_target: float | None = None  # optional second signal: in-flight per replica
+    scale_in_below: float = 0.5  # latency metrics: scale in only below this x target
+    # latency metrics: no scale-out until the serving count has held this long (a latency
+    # takes a while to show new replicas: the window, the backlog they drain)
+    settle: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min < 0 or self.max < self.min:
@@ -60,6 +74,8 @@ class Policy:
             raise ValueError(f"{self.group}: inflight_target must be > 0")
         if self.max_step_up < 1 or self.max_step_down < 1:
             raise ValueError(f"{self.group}: step limits must be >= 1")
+        if not 0 < self.scale_in_below < 1:
+            raise ValueError(f"{self.group}: scale_in_below must be in (0, 1)")
         if self.tolerance < 0 or self.scale_up_delay < 0 or self.scale_down_delay < 0:
             raise ValueError(f"{self.group}: tolerance and delays must be >= 0")
 
@@ -81,12 +97,21 @@ class Observation:
     ``rps`` is the request rate through the router (None: metrics missing; a negative or
     non-finite value is treated the same way). ``inflight_per_replica`` is the average number
     of in-flight requests per running replica (only used when ``Policy.inflight_target``).
+    ``latency`` is the group's windowed percentile of the policy's latency metric in seconds
+    (0.0: no request in the window; None: missing), ``queue_per_replica`` the requests
+    waiting per running replica (a latency scale-in needs it at zero, or unknown).
+    ``serving`` counts the running replicas that serve already: a latency only falls once a
+    started replica serves, so a scale-out is sized on the serving ones and not repeated
+    while the replicas it started still load.
     """
 
     at: float  # when measured, on the same clock as ``now``
     rps: float | None
     running: int
     inflight_per_replica: float | None = None
+    latency: float | None = None
+    queue_per_replica: float | None = None
+    serving: int | None = None  # of ``running``, those serving (None: all of them)
 
 
 @dataclass
@@ -100,11 +125,16 @@ class History:
     last_scaled_at: float | None = None
     # (time, recommendation after the tolerance band), pruned to the stabilization window
     recommendations: list[tuple[float, int]] = field(default_factory=list)
+    # the serving count last seen and since when (None: unknown, or from the start)
+    serving: int | None = None
+    serving_since: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "last_scaled_at": self.last_scaled_at,
             "recommendations": [[at, n] for at, n in self.recommendations],
+            "serving": self.serving,
+            "serving_since": self.serving_since,
         }
 
     @classmethod
@@ -116,9 +146,12 @@ class History:
             for item in raw:
                 if isinstance(item, list | tuple) and len(item) == 2:
                     recs.append((float(item[0]), int(item[1])))
+        serving, since = data.get("serving"), data.get("serving_since")
         return cls(
             last_scaled_at=float(last) if isinstance(last, int | float) else None,
             recommendations=recs,
+            serving=serving if isinstance(serving, int) else None,
+            serving_since=float(since) if isinstance(since, int | float) else None,
         )
 
 
@@ -130,6 +163,22 @@ class Decision:
     recommendation: int | None  # what the signals ask for (None: no data)
     action: Action
     reason: str  # one short human sentence
+    signal: str | None = None  # the metric that decided ("rps", "ttft", "itl", "inflight")
+    value: float | None = None  # its observed value (rps, or seconds)
+    target: float | None = None  # its target (per replica for rps, seconds for latency)
+
+    def signal_text(self) -> str | None:
+        """e.g. "ttft 620 ms, target 500 ms" or "rps 3.20, target 2.00 per replica"."""
+        if self.signal is None:
+            return None
+        latency = self.signal in {"ttft", "itl"}
+        value = (
+            "none" if self.value is None else _ms(self.value) if latency else f"{self.value:.2f}"
+        )
+        if self.target is None or not math.isfinite(self.target):
+            return f"{self.signal} {value}"
+        target = _ms(self.target) if latency else f"{self.target:.2f} per replica"
+        return f"{self.signal} {value}, target {target}"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -139,6 +188,9 @@ class Decision:
             "recommendation": self.recommendation,
             "action": self.action,
             "reason": self.reason,
+            "signal": self.signal,
+            "value": self.value,
+            "target": self.target,
         }
 
 
@@ -161,6 +213,8 @@ class _Signal:
     per_replica: float  # the target load of one replica
     recommendation: int  # ceil(load / per_replica), clamped
     proposal: int  # the recommendation, or current when within the tolerance band
+    latency: bool = False  # load is an observed latency (s), per_replica its target (s)
+    note: str = ""  # why a latency scale-in was refused
 
 
 def _signal(policy: Policy, name: str, load: float, per_replica: float, current: int) -> _Signal:
@@ -173,15 +227,65 @@ def _signal(policy: Policy, name: str, load: float, per_replica: float, current:
     return _Signal(name, load, per_replica, need, proposal)
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _latency(
+    policy: Policy, value: float, observation: Observation, settled: float | None
+) -> _Signal:
+    target, name = policy.target, policy.metric
+    current = observation.running
+    serving = current if observation.serving is None else min(observation.serving, current)
+    if value <= 0 or serving <= 0:  # idle (no request in the window) or nothing serving
+        need = policy.min
+    else:
+        need = policy.clamp(math.ceil(serving * value / target - _EPSILON))
+    proposal, note = current, ""
+    queue_per_replica = observation.queue_per_replica
+    if serving > 0 and value > target * (1 + policy.tolerance):
+        # at most double the serving replicas (HPA's 100% rate): a latency holding a backlog
+        # is not proportional to the load, and the new replicas' effect shows only once
+        # they serve
+        proposal = policy.clamp(max(min(need, 2 * serving), serving + 1))
+        if proposal <= current:
+            proposal, note = current, f"{current - serving} starting replica(s) will serve it"
+        elif settled is not None and settled < policy.settle:
+            proposal = current
+            note = (
+                f"{serving} serving for {_ago(settled)} < settle {_ago(policy.settle)}: "
+                "letting the latency show them"
+            )
+    elif current > 0 and value < target * policy.scale_in_below:
+        # the fewest replicas whose estimate (value x current / fewer) stays under the target
+        # less the tolerance; load spreads over fewer replicas, so latency grows with it
+        keep = target * (1 - policy.tolerance)
+        fewer = min(current, policy.clamp(math.ceil(current * value / keep - _EPSILON)))
+        queued = (queue_per_replica or 0.0) * current / max(fewer, 1)
+        if fewer < current and queued >= 1:
+            note = f"{queue_per_replica:.1f} queued per replica: no scale-in"
+        else:
+            proposal = fewer
+    return _Signal(name, value, target, need, proposal, latency=True, note=note)
+
+
 def _valid(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
 
-def _signals(policy: Policy, observation: Observation, current: int) -> tuple[list[_Signal], bool]:
+def _signals(
+    policy: Policy, observation: Observation, current: int, settled: float | None
+) -> tuple[list[_Signal], bool]:
     """The usable signals, and whether every configured signal was usable."""
     found: list[_Signal] = []
     complete = True
-    if observation.rps is not None and _valid(observation.rps):
+    if policy.metric != "rps":
+        value = observation.latency
+        if value is not None and _valid(value):
+            found.append(_latency(policy, value, observation, settled))
+        else:
+            complete = False
+    elif observation.rps is not None and _valid(observation.rps):
         found.append(_signal(policy, "rps", observation.rps, policy.target, current))
     else:
         complete = False
@@ -199,7 +303,12 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _compare(s: _Signal, sign: str, current: int, tolerance: float) -> str:
+def _compare(s: _Signal, sign: str, current: int, policy: Policy) -> str:
+    tolerance = policy.tolerance
+    if s.latency:
+        band = f"+{tolerance * 100:.0f}%" if sign == ">" else f"{policy.scale_in_below:.0%}"
+        bound = f"target {_ms(s.per_replica)} ({band})"
+        return f"{s.name} {_ms(s.load)} {sign} {bound}"
     return (
         f"{s.name} {s.load:.1f} {sign} {s.per_replica:.1f} x {current} "
         f"({'+' if sign == '>' else '-'}{tolerance * 100:.0f}%)"
@@ -233,7 +342,7 @@ def _up(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
         return t.current, cooling
     desired = min(proposal, t.current + p.max_step_up)
     limit = f" (step limit {p.max_step_up})" if desired < proposal else ""
-    return desired, f"{_compare(lead, '>', t.current, p.tolerance)}: up to {desired}{limit}"
+    return desired, f"{_compare(lead, '>', t.current, p)}: up to {desired}{limit}"
 
 
 def _down(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
@@ -252,7 +361,7 @@ def _down(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
     desired = max(highest, t.current - p.max_step_down)
     limit = f" (step limit {p.max_step_down})" if desired > highest else ""
     held = f" (highest in {_ago(p.window)})" if desired == highest > proposal else ""
-    text = _compare(lead, "<", t.current, p.tolerance)
+    text = _compare(lead, "<", t.current, p)
     return desired, f"{text}: down to {desired}{limit}{held}"
 
 
@@ -264,6 +373,15 @@ def _no_data(t: _Tick, observation: Observation) -> str:
 
 
 def _steady(t: _Tick, lead: _Signal) -> str:
+    if lead.latency:
+        p = t.policy
+        low, high = lead.per_replica * p.scale_in_below, lead.per_replica * (1 + p.tolerance)
+        text = f"{lead.name} {_ms(lead.load)} vs target {_ms(lead.per_replica)}"
+        if lead.note:
+            return f"{text}: {lead.note}"
+        if lead.load < low:
+            return f"{text}: {t.current} is the fewest that stays under target"
+        return f"within band: {text} (out above {_ms(high)}, in below {_ms(low)})"
     if any(s.recommendation != t.current for s in t.signals):
         detail = "; ".join(
             f"{s.name} {s.load:.1f} vs {s.per_replica:.1f} x {t.current}" for s in t.signals
@@ -296,7 +414,13 @@ def decide(
     last = history.last_scaled_at
     kept = [(at, n) for at, n in history.recommendations if now - policy.window <= at <= now]
     stale = now - observation.at > policy.stale_after
-    signals, complete = ([], False) if stale else _signals(policy, observation, current)
+    serving = current if observation.serving is None else observation.serving
+    if history.serving is None or history.serving == serving:
+        serving_since = history.serving_since if history.serving is not None else None
+    else:
+        serving_since = now
+    settled = None if serving_since is None else now - serving_since
+    signals, complete = ([], False) if stale else _signals(policy, observation, current, settled)
     proposal = max((s.proposal for s in signals), default=None)
     recommendation = max((s.recommendation for s in signals), default=None)
     if policy.pinned is not None:  # a pin wins, clamped, at once, no delays
@@ -310,7 +434,24 @@ def decide(
         tick = _Tick(policy, current, now, since, kept, signals, complete, proposal)
         desired, reason = _rule(tick, observation)
     action: Action = "up" if desired > current else "down" if desired < current else "hold"
+    lead = max(signals, key=lambda s: (s.proposal, s.name == "rps"), default=None)
     if proposal is not None:
         kept.append((now, proposal))
-    new = History(last_scaled_at=now if desired != current else last, recommendations=kept)
-    return Decision(policy.group, current, desired, recommendation, action, reason), new
+    new = History(
+        last_scaled_at=now if desired != current else last,
+        recommendations=kept,
+        serving=serving,
+        serving_since=serving_since,
+    )
+    decision = Decision(
+        policy.group,
+        current,
+        desired,
+        recommendation,
+        action,
+        reason,
+        signal=lead.name if lead else policy.metric,
+        value=lead.load if lead else None,
+        target=lead.per_replica if lead else policy.target,
+    )
+    return decision, new

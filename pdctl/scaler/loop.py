@@ -33,7 +33,15 @@ from pdctl.errors import EnvironmentProblem, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot
 from pdctl.router import Router, Worker, requests_total
 from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
-from pdctl.scaler.observe import CounterRate
+from pdctl.scaler.observe import (
+    LATENCY_HISTOGRAMS,
+    QUEUE_GAUGES,
+    RUNNING_GAUGES,
+    CounterRate,
+    LatencyWindow,
+    gauge,
+    histogram,
+)
 from pdctl.slots import Actuator, SlotState
 
 Log = Callable[[str], None]
@@ -76,11 +84,22 @@ def policies(plan: Plan, pins: dict[str, int]) -> dict[str, Policy]:
             min=group.min,
             max=group.max,
             target=float(scaling.get("target") or math.inf),
+            metric=scaling.get("metric") or "rps",
             scale_up_delay=float(up) if up is not None else 0.0,
             scale_down_delay=float(down) if down is not None else 60.0,
             pinned=pins.get(role),
         )
     return found
+
+
+@dataclass(frozen=True)
+class WorkerSignals:
+    """One group's signals from its workers' own metrics (None: missing)."""
+
+    latency: float | None = None  # the windowed percentile, seconds
+    queue_per_replica: float | None = None
+    inflight_per_replica: float | None = None
+    serving: int | None = None  # replicas routed to (a started one serves once registered)
 
 
 @dataclass
@@ -97,6 +116,24 @@ class Metrics:
         )
         self.rps = Gauge(
             "pdctl_scaler_rps", "Client requests per second through the router", registry=r
+        )
+        self.signal = Gauge(
+            "pdctl_scaler_signal_value",
+            "The deciding signal's observed value (rps, or seconds for ttft/itl)",
+            ["group", "signal"],
+            registry=r,
+        )
+        self.target = Gauge(
+            "pdctl_scaler_signal_target",
+            "The deciding signal's target (rps per replica, or seconds for ttft/itl)",
+            ["group", "signal"],
+            registry=r,
+        )
+        self.queue = Gauge(
+            "pdctl_scaler_queue_per_replica",
+            "Requests waiting per routed replica (the workers' own gauge)",
+            ["group"],
+            registry=r,
         )
         self.decisions = Counter(
             "pdctl_scaler_decisions", "Decisions by action", ["group", "action"], registry=r
@@ -182,6 +219,8 @@ class Scaler:
         self.stop = threading.Event()
         self.last: dict[str, Decision] = {}
         self.rps: float | None = None
+        self.windows: dict[str, LatencyWindow] = {}  # group -> its latency window
+        self.scrape_errors: dict[str, str] = {}  # slot -> last scrape problem (logged once)
         self._restore()
 
     def _restore(self) -> None:
@@ -202,6 +241,61 @@ class Scaler:
         except PdctlError as exc:
             self.log(f"metrics unavailable: {exc.message}")
         self.rps = self.rate.rate(now, stale_after=max(30.0, 5 * self.interval))
+
+    def _scrape_workers(
+        self,
+        role: str,
+        policy: Policy,
+        states: dict[str, SlotState],
+        workers: dict[str, Worker],
+        now: float,
+    ) -> WorkerSignals:
+        """A latency group's percentile, queue and in-flight per replica, from the workers
+        the router routes to (a replica still starting serves nothing yet)."""
+        if policy.metric == "rps":
+            return WorkerSignals()
+        scaling = self.plan.groups[role].scaling or {}
+        window = self.windows.get(role)
+        if window is None:
+            span = float(scaling.get("window") or 60.0)
+            window = self.windows[role] = LatencyWindow(window=span, min_span=min(5.0, span / 2))
+        routed = [
+            s.slot
+            for s in states.values()
+            if s.slot.group == role
+            and s.running
+            and (w := workers.get(s.slot.url)) is not None
+            and w.healthy
+        ]
+        queued: list[float | None] = []
+        running: list[float | None] = []
+        for slot in routed:
+            try:
+                text = self.actuator.metrics(slot)
+            except PdctlError as exc:
+                self._scrape_problem(slot.name, f"metrics of {slot.name} unavailable: {exc}")
+                queued.append(None)
+                running.append(None)
+                continue
+            buckets = histogram(text, LATENCY_HISTOGRAMS[policy.metric])
+            if buckets is None:
+                self._scrape_problem(slot.name, f"{slot.name} exports no {policy.metric} histogram")
+            else:
+                self.scrape_errors.pop(slot.name, None)
+                window.add(slot.name, now, buckets)
+            queued.append(gauge(text, QUEUE_GAUGES))
+            running.append(gauge(text, RUNNING_GAUGES))
+        names = {s.name for s in routed}
+        window.forget(names)
+        stale_after = max(30.0, 5 * self.interval)
+        percentile = float(scaling.get("percentile") or 90.0) / 100
+        latency = window.percentile(names, percentile, now, stale_after) if names else None
+        return WorkerSignals(latency, _per_replica(queued), _per_replica(running), len(routed))
+
+    def _scrape_problem(self, slot: str, message: str) -> None:
+        if self.scrape_errors.get(slot) != message:
+            self.log(message)
+        self.scrape_errors[slot] = message
 
     def _pins(self) -> dict[str, int]:
         text = self.store.read("overrides.json")
@@ -304,16 +398,29 @@ class Scaler:
             if self.stop.is_set():
                 break
             running = sum(1 for s in states.values() if s.slot.group == role and s.running)
-            observation = Observation(at=now, rps=self.rps, running=running)
+            signals = self._scrape_workers(role, policy, states, workers, now)
+            observation = Observation(
+                at=now,
+                rps=self.rps,
+                running=running,
+                inflight_per_replica=signals.inflight_per_replica,
+                latency=signals.latency,
+                queue_per_replica=signals.queue_per_replica,
+                serving=signals.serving,
+            )
             decision, self.histories[role] = decide(policy, observation, self.histories[role], now)
             decisions[role] = decision
             self.metrics.decisions.labels(role, decision.action).inc()
             self.metrics.desired.labels(role).set(decision.desired)
             self.metrics.running.labels(role).set(running)
+            self._export(role, decision, signals)
             if decision.action != "hold" or self._changed(role, decision):
                 rps = "none" if self.rps is None else f"{self.rps:.2f}"
                 self.log(
-                    f"decision {role}: rps={rps} desired={decision.desired} actual={running} "
+                    f"decision {role}: signal={decision.signal} "
+                    f"value={_show(decision.signal, decision.value)} "
+                    f"target={_show(decision.signal, decision.target)} rps={rps} "
+                    f"desired={decision.desired} actual={running} "
                     f"action={decision.action} reason={decision.reason}"
                 )
             if decision.action != "hold":
@@ -323,6 +430,15 @@ class Scaler:
         self.last.update(decisions)
         self._record(now, pins)
         return decisions
+
+    def _export(self, role: str, decision: Decision, signals: WorkerSignals) -> None:
+        name = decision.signal or "rps"
+        if decision.value is not None:
+            self.metrics.signal.labels(role, name).set(decision.value)
+        if decision.target is not None and math.isfinite(decision.target):
+            self.metrics.target.labels(role, name).set(decision.target)
+        if signals.queue_per_replica is not None:
+            self.metrics.queue.labels(role).set(signals.queue_per_replica)
 
     def _changed(self, role: str, decision: Decision) -> bool:
         previous = self.last.get(role)
@@ -352,6 +468,21 @@ class Scaler:
                 self.log(f"tick failed: {exc.message}")
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
         self.log("scaler stopped")
+
+
+def _per_replica(values: list[float | None]) -> float | None:
+    """The average over the routed replicas; None when one of them did not say."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None) / len(values)
+
+
+def _show(signal: str | None, value: float | None) -> str:
+    if value is None:
+        return "none"
+    if signal in {"ttft", "itl"}:
+        return f"{value * 1000:.0f}ms"
+    return f"{value:.2f}"
 
 
 @contextlib.contextmanager

@@ -174,6 +174,21 @@ CASES: list[tuple[str, str, str]] = [
     ("duration-nan", sub("start_timeout: 10m", "start_timeout: .nan"), "pdctl.start_timeout"),
     ("duration-huge", sub("start_timeout: 10m", "start_timeout: 100000d"), "pdctl.start_timeout"),
     ("target-inf", sub("target: 2", "target: .inf"), "replicas[1].scaling.target"),
+    (
+        "itl-on-prefill",
+        sub("metric: rps\n      target: 2", "metric: itl\n      target: 50ms"),
+        "replicas[1].scaling.metric",
+    ),
+    (
+        "ttft-bare-number",
+        sub("metric: rps\n      target: 2", "metric: ttft\n      target: 500"),
+        "replicas[1].scaling.target",
+    ),
+    (
+        "ttft-without-sglang-metrics",
+        sub("metric: rps\n      target: 2", "metric: ttft\n      target: 500ms"),
+        "--enable-metrics",
+    ),
     # Env: duplicates, secret and plain at once, reserved names.
     (
         "env-duplicate",

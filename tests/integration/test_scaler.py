@@ -253,7 +253,8 @@ def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
         assert doc["groups"][role]["desired"] is not None
         assert doc["groups"][role]["last_decision"]["reason"]
     journal = deployed.root("node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager")
-    assert "decision decode: rps=" in journal and "desired=" in journal and "reason=" in journal
+    assert "decision decode: signal=rps value=" in journal and "target=2.00 rps=" in journal
+    assert "desired=" in journal and "reason=" in journal
     metrics = deployed.root(
         "node1",
         'python3 -c "import urllib.request as u;'
@@ -265,5 +266,7 @@ def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
         "pdctl_scaler_rps",
         "pdctl_scaler_decisions_total",
         "pdctl_scaler_action_seconds",
+        'pdctl_scaler_signal_value{group="decode",signal="rps"}',
+        'pdctl_scaler_signal_target{group="decode",signal="rps"} 2.0',
     ):
         assert name in metrics

@@ -40,6 +40,9 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     assert "baseline playbook (syntax checked)" in proc.stderr
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
+    assert "alternating       per-phase" in proc.stdout
+    for trace in ("alternating", "alternating-ramp"):
+        assert (ROOT / "bench" / "out" / f"phases_{trace}.png").stat().st_size > 10_000
 
 
 def test_result_line_is_baseline_over_pdctl() -> None:

@@ -325,7 +325,7 @@ def test_decide_does_not_mutate_its_inputs() -> None:
     assert (p, observation, history) == before
     assert new is not history
     assert new.recommendations is not history.recommendations
-    assert new == History(last_scaled_at=NOW, recommendations=[(NOW - 5, 2), (NOW, 8)])
+    assert new == History(last_scaled_at=NOW, recommendations=[(NOW - 5, 2), (NOW, 8)], serving=2)
     assert decision.desired == 4
 
 
@@ -338,6 +338,9 @@ def test_to_dict_and_history_round_trip() -> None:
         "recommendation": 4,
         "action": "up",
         "reason": "rps 7.9 > 2.0 x 2 (+10%): up to 4",
+        "signal": "rps",
+        "value": 7.9,
+        "target": 2.0,
     }
     assert History.from_dict(history.to_dict()) == history
     assert History.from_dict({}) == History()
@@ -350,3 +353,142 @@ def test_policy_validation() -> None:
         policy(target=0.0)
     with pytest.raises(ValueError, match="step"):
         policy(max_step_up=0)
+
+
+# -- latency metrics: an asymmetric band ----------------------------------------------------------
+
+
+def ttft(**overrides: Any) -> Policy:
+    settings: dict[str, Any] = {"group": "prefill", "metric": "ttft", "target": 0.5}
+    settings.update(overrides)
+    return policy(**settings)
+
+
+def lat(
+    p: Policy,
+    value: float | None,
+    running: int,
+    history: History | None = None,
+    now: float = NOW,
+    queue: float | None = None,
+) -> tuple[Decision, History]:
+    observation = seen(None, running, at=now, latency=value, queue_per_replica=queue)
+    return decide(p, observation, history or History(), now)
+
+
+def test_latency_over_target_by_the_margin_scales_out_proportionally() -> None:
+    decision, _ = lat(ttft(max_step_up=8), 0.7, 4)  # ceil(4 * 0.7 / 0.5) = 6
+    assert (decision.recommendation, decision.desired, decision.action) == (6, 6, "up")
+    assert decision.reason == "ttft 700 ms > target 500 ms (+10%): up to 6"
+    assert (decision.signal, decision.value, decision.target) == ("ttft", 0.7, 0.5)
+    # at most double the serving replicas (a latency with a backlog is not proportional)
+    decision, _ = lat(ttft(max_step_up=8), 1.2, 2)  # ceil(2 * 1.2 / 0.5) = 5 -> 4
+    assert (decision.recommendation, decision.desired) == (5, 4)
+    decision, _ = lat(ttft(), 1.2, 3)  # 6 wanted, step limit 2
+    assert decision.reason == "ttft 1200 ms > target 500 ms (+10%): up to 5 (step limit 2)"
+
+
+def test_a_latency_scale_out_is_sized_on_serving_replicas_and_not_repeated() -> None:
+    p = ttft(max_step_up=8)
+    observation = seen(None, 3, latency=1.0, serving=1)  # two started, still loading
+    decision, history = decide(p, observation, History(), NOW)
+    assert decision.action == "hold"
+    assert decision.reason == "ttft 1000 ms vs target 500 ms: 2 starting replica(s) will serve it"
+    # they serve: the latency takes a while to show them (settle), then it may go on
+    observation = seen(None, 3, at=NOW + 10, latency=1.0, serving=3)
+    decision, history = decide(p, observation, history, NOW + 10)
+    assert decision.action == "hold"
+    assert decision.reason == (
+        "ttft 1000 ms vs target 500 ms: 3 serving for 0 s < settle 30 s: "
+        "letting the latency show them"
+    )
+    observation = seen(None, 3, at=NOW + 45, latency=1.0, serving=3)
+    decision, history = decide(p, observation, history, NOW + 45)
+    assert (decision.action, decision.desired) == ("up", 6)
+    assert History.from_dict(history.to_dict()) == history
+
+
+def test_a_small_excess_still_adds_one() -> None:
+    decision, _ = lat(ttft(), 0.56, 2)  # ceil(2.24) = 3 anyway; 0.56 > 0.55
+    assert decision.desired == 3
+    decision, _ = lat(ttft(), 0.56, 1)  # ceil(1.12) = 2
+    assert decision.desired == 2
+
+
+def test_latency_inside_the_asymmetric_band_holds() -> None:
+    for value in (0.26, 0.4, 0.5, 0.55):  # between 50% and 110% of the target
+        decision, _ = lat(ttft(), value, 3)
+        assert decision.action == "hold", (value, decision.reason)
+    decision, _ = lat(ttft(), 0.3, 3)
+    assert decision.reason == (
+        "within band: ttft 300 ms vs target 500 ms (out above 550 ms, in below 250 ms)"
+    )
+
+
+def test_latency_far_below_target_scales_in_to_a_count_that_stays_under_it() -> None:
+    p = ttft(scale_down_delay=0.0, stabilization=0.0, max_step_down=8)
+    decision, _ = lat(p, 0.1, 4)  # 4 x 100 ms / 450 ms -> 1 replica, estimated 400 ms
+    assert (decision.desired, decision.action) == (1, "down")
+    assert decision.reason == "ttft 100 ms < target 500 ms (50%): down to 1"
+    decision, _ = lat(p, 0.2, 4)  # 4 x 200 / 450 = 1.8 -> 2, estimated 400 ms
+    assert decision.desired == 2
+    decision, _ = lat(p, 0.24, 2)  # 2 x 240 / 450 = 1.07 -> 2: one would be at 480 ms
+    assert decision.action == "hold"
+    assert (
+        decision.reason == "ttft 240 ms vs target 500 ms: 2 is the fewest that stays under target"
+    )
+
+
+def test_no_latency_scale_in_while_requests_queue() -> None:
+    p = ttft(scale_down_delay=0.0, stabilization=0.0)
+    decision, _ = lat(p, 0.1, 2, queue=0.6)  # 1.2 queued per replica once down to 1
+    assert decision.action == "hold"
+    assert decision.reason == "ttft 100 ms vs target 500 ms: 0.6 queued per replica: no scale-in"
+    decision, _ = lat(p, 0.1, 2, queue=0.2)
+    assert decision.action == "down"
+
+
+def test_latency_guards_still_apply() -> None:
+    # scale-in: cooldown since the last scaling and the stabilization window
+    p = ttft(scale_down_delay=60.0)
+    decision, _ = lat(p, 0.05, 3, History(last_scaled_at=NOW - 10))
+    assert decision.action == "hold" and decision.reason.startswith("cooling down")
+    history = History(recommendations=[(NOW - 30, 3)])
+    decision, _ = lat(ttft(scale_down_delay=0.0, stabilization=120.0), 0.05, 3, history)
+    assert decision.action == "hold" and "stabilising" in decision.reason
+    # scale-out: its own cooldown
+    decision, _ = lat(ttft(scale_up_delay=30.0), 2.0, 1, History(last_scaled_at=NOW - 10))
+    assert decision.action == "hold" and decision.reason.startswith("cooling down")
+
+
+def test_missing_or_stale_latency_holds() -> None:
+    decision, _ = lat(ttft(scale_down_delay=0.0), None, 3)
+    assert (decision.action, decision.reason) == ("hold", "metrics missing: hold")
+    observation = seen(None, 3, at=NOW - 120, latency=0.01)
+    decision, _ = decide(ttft(scale_down_delay=0.0), observation, History(), NOW)
+    assert decision.action == "hold" and decision.reason.startswith("metrics stale")
+    decision, _ = lat(ttft(), float("nan"), 1)
+    assert decision.action == "hold"
+
+
+def test_idle_latency_goes_back_to_min() -> None:
+    p = ttft(scale_down_delay=0.0, stabilization=0.0, max_step_down=8)
+    decision, _ = lat(p, 0.0, 3)  # no request in the window
+    assert (decision.desired, decision.action) == (1, "down")
+
+
+def test_itl_on_decode_and_its_own_history() -> None:
+    itl = policy(metric="itl", target=0.06)
+    decision, history = lat(itl, 0.09, 1)
+    assert (decision.desired, decision.signal) == (2, "itl")
+    assert history.last_scaled_at == NOW
+    assert decision.reason == "itl 90 ms > target 60 ms (+10%): up to 2"
+
+
+def test_the_decision_names_its_signal_for_status() -> None:
+    decision, _ = lat(ttft(), 0.62, 1)
+    assert decision.signal_text() == "ttft 620 ms, target 500 ms"
+    decision, _ = run(policy(), 7.9, 2)
+    assert decision.signal_text() == "rps 7.90, target 2.00 per replica"
+    decision, _ = run(policy(target=float("inf")), None, 1)
+    assert decision.signal_text() == "rps none"

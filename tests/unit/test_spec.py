@@ -236,3 +236,82 @@ def test_yaml_syntax_and_duplicates() -> None:
 def test_unreadable_file_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read"):
         load(tmp_path / "missing.yml", ENV)
+
+
+# -- latency scaling (ttft on prefill, itl on decode) --------------------------------------------
+
+PREFILL_SCALING = "    scaling: {metric: rps, target: 2}\n"
+
+
+def latency(prefill: str, decode: str | None = None) -> str:
+    text = BASE.replace(PREFILL_SCALING, f"    scaling: {prefill}\n")
+    text = text.replace("launch_server --disagg", "launch_server --enable-metrics --disagg")
+    if decode is not None:
+        text = text.replace(
+            "  - count: 1\n    commands", f"  - count: 1..3\n    scaling: {decode}\n    commands"
+        )
+    return text
+
+
+def test_ttft_and_itl_targets_are_durations() -> None:
+    text = latency(
+        "{metric: ttft, target: 500ms}",
+        "{metric: itl, target: 0.05s, percentile: p99, window: 2m}",
+    )
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    prefill, decode = spec.group("prefill").scaling, spec.group("decode").scaling
+    assert prefill is not None and decode is not None
+    assert (prefill.metric, prefill.target, prefill.percentile, prefill.window) == (
+        "ttft",
+        pytest.approx(0.5),
+        90.0,
+        60.0,
+    )
+    assert (decode.metric, decode.target, decode.percentile, decode.window) == (
+        "itl",
+        pytest.approx(0.05),
+        99.0,
+        120.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("scaling", "field", "problem"),
+    [
+        ("{metric: ttft, target: 500}", "replicas[1].scaling.target", "write e.g. 500ms"),
+        ("{metric: ttft, target: -5ms}", "replicas[1].scaling.target", "not a duration"),
+        ("{metric: ttft, target: 0ms}", "replicas[1].scaling.target", "positive"),
+        ("{metric: ttft, target: .nan}", "replicas[1].scaling.target", "positive, finite"),
+        ("{metric: ttft, target: fast}", "replicas[1].scaling.target", "not a duration"),
+        ("{metric: rps, target: 500ms}", "replicas[1].scaling.target", "number of requests"),
+        ("{metric: rps, target: .inf}", "replicas[1].scaling.target", "(0, 1000000]"),
+        ("{metric: ttft, target: 1s, percentile: p100}", "replicas[1].scaling.percentile", "p99.9"),
+        (
+            "{metric: ttft, target: 1s, percentile: yes}",
+            "replicas[1].scaling.percentile",
+            "percentile",
+        ),
+        ("{metric: ttft, target: 1s, window: 1s}", "replicas[1].scaling.window", "between 10 s"),
+        ("{metric: ttft, target: 1s, window: .inf}", "replicas[1].scaling.window", "finite"),
+        ("{metric: p99, target: 1s}", "replicas[1].scaling.metric", "'rps', 'ttft' or 'itl'"),
+    ],
+)
+def test_latency_scaling_refused(scaling: str, field: str, problem: str) -> None:
+    err = error(latency(scaling))
+    assert err.message.startswith(f"pd.yml:10: {field}: "), err.message
+    assert problem in err.message, err.message
+
+
+def test_ttft_on_decode_and_itl_on_prefill_are_refused() -> None:
+    err = error(latency("{metric: itl, target: 50ms}"))
+    assert err.message.startswith("pd.yml:10: replicas[1].scaling.metric: itl measures the decode")
+    assert "scale the prefill group on ttft" in str(err.hint)
+    err = error(latency("{metric: rps, target: 2}", "{metric: ttft, target: 500ms}"))
+    assert "replicas[2].scaling.metric: ttft measures the prefill phase" in err.message
+
+
+def test_latency_scaling_needs_sglang_metrics() -> None:
+    text = latency("{metric: ttft, target: 500ms}").replace("--enable-metrics ", "")
+    err = error(text)
+    assert err.message.startswith("pd.yml:10: replicas[1].scaling.metric: ttft is read from")
+    assert "--enable-metrics" in str(err.hint)
