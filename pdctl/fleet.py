@@ -119,7 +119,8 @@ def _contact_all(
 def _kind_from_facts(facts: dict[str, Any]) -> HostKind:
     gpus = (facts.get("gpus") or {}).get("count") or 0
     devices = (facts.get("rdma") or {}).get("devices") or []
-    return "gpu" if gpus or facts.get("kfd") or devices else "cpu"
+    # An NVIDIA host whose driver is not loaded yet still has nvidia-smi: a GPU host to fix.
+    return "gpu" if gpus or facts.get("kfd") or facts.get("nvidia") or devices else "cpu"
 
 
 def _ssh_check(contact: Contact) -> dict[str, Any]:
