@@ -68,13 +68,6 @@ class Deployment:
         return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])
 
 
-# The lab's SGLang stand-in looks for one provider library file, the bnxt_re one, unless told
-# another: on NVIDIA lab hosts the "image's own" libmlx5 (the lab mounts it into every
-# container, as CUDA images carry it) is named here. A real worker needs no such line;
-# remove it once the stand-in finds the image's providers by glob, as libibverbs does.
-STAND_IN_PROVIDER = "PDFAKE_PROVIDER_LIB=/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so"
-
-
 MODEL = "zai-org/GLM-4.5-Air-FP8"  # the example's: SMG routes a request by its model
 
 
@@ -93,12 +86,11 @@ def chat_when_ready(
 
 def lab_spec(image: str) -> str:
     """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
-    (the lab's CPU host has fewer cores). Nothing else changes (but the stand-in's knob)."""
+    (the lab's CPU host has fewer cores). Nothing else changes."""
     text = EXAMPLE.read_text()
     router_cpu = "    resources:\n      cpu: 4\n"
     assert text.count(router_cpu) == 1 and text.count("image: lmsysorg/sglang:v0.5.5\n") == 1
     text = text.replace(router_cpu, "")
-    text = text.replace("  - HF_TOKEN\n", f"  - HF_TOKEN\n  - {STAND_IN_PROVIDER}\n")
     return text.replace("image: lmsysorg/sglang:v0.5.5\n", f"image: {image}\n")
 
 

@@ -89,6 +89,7 @@ from .capacity import (
 
 VERSION = "0.5.x-pdctl-lab"
 DEFAULT_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
+PROVIDER_DIRS = ("/usr/lib/x86_64-linux-gnu/libibverbs", "/usr/lib64/libibverbs")
 DEFAULT_STATE_FILE = "/etc/pd-fake/state.json"
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_WARMUP_SECS = 1.0
@@ -265,10 +266,17 @@ def provider_failure(cfg: ServerConfig, env: Mapping[str, str]) -> ProviderFailu
         return None
     if cfg.transfer_backend in TCP_BACKENDS or env.get("MC_FORCE_TCP") == "1":
         return None
-    library = Path(env.get("PDFAKE_PROVIDER_LIB") or DEFAULT_PROVIDER_LIB)
-    if library.exists():
-        return None
-    name = library.name
+    override = env.get("PDFAKE_PROVIDER_LIB")
+    if override:
+        if Path(override).exists():
+            return None
+        name = Path(override).name
+    else:
+        # As libibverbs: any provider in its directories serves its NIC (a ROCm image gets
+        # the host's mounted; CUDA images carry libmlx5 themselves).
+        if any(sorted(Path(d).glob("lib*-rdmav*.so")) for d in PROVIDER_DIRS):
+            return None
+        name = Path(DEFAULT_PROVIDER_LIB).name
     return ProviderFailure(
         verbs_warning=f"libibverbs: Warning: couldn't load driver '{name}': {name}: "
         "cannot open shared object file: No such file or directory",
