@@ -52,6 +52,19 @@ from tests.unit.hardware_data import (
 
 # --------------------------------------------------------------------------- facts()
 
+# What facts() says of a host with no GPU it can see, and no RDMA device.
+NO_GPUS = {
+    "count": 0,
+    "model": None,
+    "source": None,
+    "bdfs": [],
+    "vendor": None,
+    "memory_mib": None,
+    "driver": None,
+    "devices": [],
+}
+NO_RDMA = {"devices": [], "provider_libs": {}, "provider_lib": False, "warnings": []}
+
 
 def test_facts_healthy_gpu_host() -> None:
     summary = facts(make_raw())
@@ -101,22 +114,8 @@ def test_facts_healthy_gpu_host() -> None:
 
 def test_facts_cpu_host() -> None:
     summary = facts(make_raw(kind="cpu"))
-    assert summary["gpus"] == {
-        "count": 0,
-        "model": None,
-        "source": None,
-        "bdfs": [],
-        "vendor": None,
-        "memory_mib": None,
-        "driver": None,
-        "devices": [],
-    }
-    assert summary["rdma"] == {
-        "devices": [],
-        "provider_libs": {},
-        "provider_lib": False,
-        "warnings": [],
-    }
+    assert summary["gpus"] == NO_GPUS
+    assert summary["rdma"] == NO_RDMA
     assert (summary["kfd"], summary["render_nodes"], summary["cpus"]) == (False, 0, 32)
     assert summary["runtime"]["usable"] is True
     assert summary["errors"] == []
@@ -193,22 +192,8 @@ def test_facts_nothing_installed() -> None:
         kfd=False,
     )
     summary = facts(raw)
-    assert summary["gpus"] == {
-        "count": 0,
-        "model": None,
-        "source": None,
-        "bdfs": [],
-        "vendor": None,
-        "memory_mib": None,
-        "driver": None,
-        "devices": [],
-    }
-    assert summary["rdma"] == {
-        "devices": [],
-        "provider_libs": {},
-        "provider_lib": False,
-        "warnings": [],
-    }
+    assert summary["gpus"] == NO_GPUS
+    assert summary["rdma"] == NO_RDMA
     assert summary["runtime"]["name"] is None
     assert summary["errors"] == []
 
@@ -245,16 +230,7 @@ def test_facts_amdgpu_not_loaded() -> None:
         ),
     }
     summary = facts(make_raw(gpu=gpu, kfd=False))
-    assert summary["gpus"] == {
-        "count": 0,
-        "model": None,
-        "source": "rocm-smi",
-        "bdfs": [],
-        "vendor": None,
-        "memory_mib": None,
-        "driver": None,
-        "devices": [],
-    }
+    assert summary["gpus"] == {**NO_GPUS, "source": "rocm-smi"}
     assert summary["errors"] == [
         "amd-smi list --json exited 255: ERROR:root:Unable to get devices, driver not initialized "
         "(amdgpu not found in modules)",
