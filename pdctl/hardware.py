@@ -1688,6 +1688,12 @@ _TOOLKIT_FIX = (
 )
 
 
+def _why_failed(raw: dict[str, Any], key: str) -> str:
+    """A failed command's stderr, short enough for a check's message."""
+    cmd = _command(raw, key)
+    return _clip(_stderr_summary(cmd) if cmd else "no output", 100)
+
+
 def _check_container_toolkit(host: str, raw: dict[str, Any], view: _View) -> Check:
     nvidia = view.nvidia or {}
     if not nvidia.get("ctk_installed"):
@@ -1699,13 +1705,11 @@ def _check_container_toolkit(host: str, raw: dict[str, Any], view: _View) -> Che
         )
     version = nvidia.get("ctk_version")
     if version is None:
-        cmd = _command(raw, "nvidia_ctk_version")
-        why = _stderr_summary(cmd) if cmd else "no output"
+        why = _why_failed(raw, "nvidia_ctk_version")
         return Check(
             "container_toolkit",
             False,
-            f"{host}: nvidia-ctk --version failed ({_clip(why, 100)}); reinstall the NVIDIA "
-            "Container Toolkit",
+            f"{host}: nvidia-ctk --version failed ({why}); reinstall the NVIDIA Container Toolkit",
         )
     return Check("container_toolkit", True, f"{host}: NVIDIA Container Toolkit {version}")
 
@@ -1728,13 +1732,11 @@ def _check_cdi(host: str, raw: dict[str, Any], view: _View) -> Check:
         )
     listed = nvidia.get("cdi_devices")
     if listed is None:
-        cmd = _command(raw, "nvidia_ctk_cdi_list")
-        why = _stderr_summary(cmd) if cmd else "no output"
+        why = _why_failed(raw, "nvidia_ctk_cdi_list")
         return Check(
             "cdi",
             False,
-            f"{host}: nvidia-ctk cdi list failed ({_clip(why, 100)}); regenerate the spec: "
-            f"{CDI_GENERATE}",
+            f"{host}: nvidia-ctk cdi list failed ({why}); regenerate the spec: {CDI_GENERATE}",
         )
     gpus = [d for d in view.gpus.get("devices") or [] if view.gpus.get("vendor") == "nvidia"]
     names = set(listed)
