@@ -81,9 +81,12 @@ def main() -> None:
     step(
         "SSH into a GPU host and list its RDMA devices", "lab", "ssh", "node2", "--", "ibv_devices"
     )
+    # --repin: a lab booted anew (after `lab down`) has new host keys; this workspace's fleet
+    # `lab` may still pin the old ones from an earlier demo.
     step(
         "Register the hosts as a fleet: keys pinned, facts gathered, preflight run",
         *status["fleet_add"].split()[1:],
+        "--repin",
     )
     step(
         "Deploy the PD service (router, prefill and decode pools)",
