@@ -255,11 +255,19 @@ def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
     journal = deployed.root("node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager")
     assert "decision decode: signal=rps value=" in journal and "target=2.00 rps=" in journal
     assert "desired=" in journal and "reason=" in journal
-    metrics = deployed.root(
-        "node1",
-        'python3 -c "import urllib.request as u;'
-        " print(u.urlopen('http://127.0.0.1:29100/metrics').read().decode())\"",
-    )
+    # a scaler systemd just restarted (the test before kills it) knows no rate until its
+    # window holds two scrapes: the signal's value is absent until then, not zero
+    signal = 'pdctl_scaler_signal_value{group="decode",signal="rps"}'
+    deadline = time.monotonic() + 60
+    while True:
+        metrics = deployed.root(
+            "node1",
+            'python3 -c "import urllib.request as u;'
+            " print(u.urlopen('http://127.0.0.1:29100/metrics').read().decode())\"",
+        )
+        if signal in metrics or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     for name in (
         "pdctl_scaler_desired_replicas",
         "pdctl_scaler_running_replicas",
