@@ -15,9 +15,17 @@ Per group, in this order:
    only below ``scale_in_below`` x target, and only to a count whose estimated latency
    (value x current / fewer: latency grows with the load per replica) stays under the target
    less the tolerance, and never while requests queue (the replicas are at capacity).
-5. Up: only ``scale_up_delay`` after this group's last scaling, at most ``max_step_up`` at once.
+   While requests queue, the queue's own trend sizes a latency scale-out (``_capacity``):
+   growing, the serving replicas are saturated and complete ``rps - growth`` requests/s, so
+   ``serving x rps / (rps - growth) / headroom`` replicas carry the load at ``headroom``
+   utilisation: one step to that count, even while replicas it started still load, when it
+   is more than run; shrinking, they carry the load and the latency above target is the
+   backlog's: hold while it drains.
+5. Up: only ``scale_up_delay`` after this group's last scaling, at most ``max_step_up`` at once
+   (a capacity-sized latency step is measured, not extrapolated: not step-limited).
    Down: the HIGHEST recommendation within the stabilization window wins (HPA), then
-   ``scale_down_delay``, then at most ``max_step_down`` at once.
+   ``scale_down_delay``, then at most ``max_step_down`` at once (a latency scale-in is
+   bounded by its own estimate instead: it goes to the estimated count in one step).
 
 Deliberate differences from dstack's RPS autoscaler (docs/facts.md, Autoscaling): each group
 has its own History, so scaling prefill never resets decode's timers (dstack shares one
@@ -40,6 +48,9 @@ Metric = Literal["rps", "ttft", "itl"]
 
 # ceil(1.1 / 0.1) would be 12: forgive float noise just above an integer.
 _EPSILON = 1e-9
+# The queue's trend: measured over at most QUEUE_SPAN s, and only once it covers QUEUE_MIN_SPAN
+# (a gauge scraped every few seconds is noisy); a change under TREND_NOISE x rps is no trend.
+QUEUE_SPAN, QUEUE_MIN_SPAN, TREND_NOISE = 30.0, 10.0, 0.05
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,8 @@ class Policy:
     scale_down_delay: float = 60.0  # ... before a down
     stabilization: float | None = None  # scale-down window; None -> scale_down_delay
     max_step_up: int = 2  # replicas added per decision
-    max_step_down: int = 1  # replicas removed per decision
+    # replicas removed per decision (None: 1 on rps, the estimate alone on a latency metric)
+    max_step_down: int | None = None
     stale_after: float = 60.0  # an observation older than this is missing data
     pinned: int | None = None  # manual override (pdctl scale)
     inflight_target: float | None = None  # optional second signal: in-flight per replica
@@ -64,6 +76,8 @@ class Policy:
     # latency metrics: no scale-out until the serving count has held this long (a latency
     # takes a while to show new replicas: the window, the backlog they drain)
     settle: float = 30.0
+    # latency metrics: the utilisation a scale-out sized from the queue's trend aims at
+    headroom: float = 0.8
 
     def __post_init__(self) -> None:
         if self.min < 0 or self.max < self.min:
@@ -72,8 +86,10 @@ class Policy:
             raise ValueError(f"{self.group}: target must be > 0, got {self.target}")
         if self.inflight_target is not None and not self.inflight_target > 0:
             raise ValueError(f"{self.group}: inflight_target must be > 0")
-        if self.max_step_up < 1 or self.max_step_down < 1:
+        if self.max_step_up < 1 or (self.max_step_down is not None and self.max_step_down < 1):
             raise ValueError(f"{self.group}: step limits must be >= 1")
+        if not 0 < self.headroom <= 1:
+            raise ValueError(f"{self.group}: headroom must be in (0, 1]")
         if not 0 < self.scale_in_below < 1:
             raise ValueError(f"{self.group}: scale_in_below must be in (0, 1)")
         if self.tolerance < 0 or self.scale_up_delay < 0 or self.scale_down_delay < 0:
@@ -87,6 +103,13 @@ class Policy:
     def clamp(self, replicas: int) -> int:
         return max(self.min, min(self.max, replicas))
 
+    @property
+    def step_down(self) -> int:
+        """Replicas removed per decision at most."""
+        if self.max_step_down is not None:
+            return self.max_step_down
+        return 1 if self.metric == "rps" else max(self.max, 1)
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -99,7 +122,8 @@ class Observation:
     of in-flight requests per running replica (only used when ``Policy.inflight_target``).
     ``latency`` is the group's windowed percentile of the policy's latency metric in seconds
     (0.0: no request in the window; None: missing), ``queue_per_replica`` the requests
-    waiting per running replica (a latency scale-in needs it at zero, or unknown).
+    waiting per serving replica (a latency scale-in needs it at zero, or unknown; its trend
+    sizes a latency scale-out).
     ``serving`` counts the running replicas that serve already: a latency only falls once a
     started replica serves, so a scale-out is sized on the serving ones and not repeated
     while the replicas it started still load.
@@ -128,6 +152,9 @@ class History:
     # the serving count last seen and since when (None: unknown, or from the start)
     serving: int | None = None
     serving_since: float | None = None
+    # (time, requests queued in the group) since the serving count last changed, pruned to
+    # QUEUE_SPAN: the queue's trend on the replicas serving now
+    queue: list[tuple[float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -135,24 +162,34 @@ class History:
             "recommendations": [[at, n] for at, n in self.recommendations],
             "serving": self.serving,
             "serving_since": self.serving_since,
+            "queue": [[at, n] for at, n in self.queue],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> History:
         last = data.get("last_scaled_at")
         raw = data.get("recommendations")
-        recs: list[tuple[float, int]] = []
-        if isinstance(raw, list):
-            for item in raw:
-                if isinstance(item, list | tuple) and len(item) == 2:
-                    recs.append((float(item[0]), int(item[1])))
+        recs = [(at, int(n)) for at, n in _pairs(raw)]
         serving, since = data.get("serving"), data.get("serving_since")
         return cls(
             last_scaled_at=float(last) if isinstance(last, int | float) else None,
             recommendations=recs,
             serving=serving if isinstance(serving, int) else None,
             serving_since=float(since) if isinstance(since, int | float) else None,
+            queue=_pairs(data.get("queue")),
         )
+
+
+def _pairs(raw: object) -> list[tuple[float, float]]:
+    """[[time, number], ...] from a saved History; anything else is skipped."""
+    found: list[tuple[float, float]] = []
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, list | tuple) and len(item) == 2:
+                at, n = item
+                if isinstance(at, int | float) and isinstance(n, int | float):
+                    found.append((float(at), float(n)))
+    return found
 
 
 @dataclass(frozen=True)
@@ -215,6 +252,7 @@ class _Signal:
     proposal: int  # the recommendation, or current when within the tolerance band
     latency: bool = False  # load is an observed latency (s), per_replica its target (s)
     note: str = ""  # why a latency scale-in was refused
+    sized: bool = False  # a latency scale-out sized from the measured capacity
 
 
 def _signal(policy: Policy, name: str, load: float, per_replica: float, current: int) -> _Signal:
@@ -231,12 +269,50 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+@dataclass(frozen=True)
+class _Capacity:
+    """What the queue's trend says about the serving replicas."""
+
+    need: int  # replicas that carry the load at the policy's headroom
+    growth: float  # requests/s the queue grows by (negative: it drains)
+
+
+def _serving(observation: Observation) -> int:
+    current = observation.running
+    return current if observation.serving is None else min(observation.serving, current)
+
+
+def _capacity(
+    policy: Policy, observation: Observation, queue: list[tuple[float, float]]
+) -> _Capacity | None:
+    """While requests queue, the serving replicas complete ``rps - growth`` requests/s
+    (all they can: nothing waits on an idle replica), so ``serving x rps / (rps - growth)``
+    replicas carry the load at full utilisation. None without a trend: no rate, no queue, too
+    short a span, or a change within the noise."""
+    rps, serving = observation.rps, _serving(observation)
+    if rps is None or not _valid(rps) or rps <= 0 or serving <= 0 or len(queue) < 2:
+        return None
+    (start, before), (end, after) = queue[0], queue[-1]
+    if end - start < QUEUE_MIN_SPAN:
+        return None
+    growth = (after - before) / (end - start)
+    if abs(growth) <= TREND_NOISE * rps or growth >= rps:
+        return None
+    completed = rps - growth
+    need = policy.clamp(math.ceil(serving * rps / completed / policy.headroom - _EPSILON))
+    return _Capacity(need, growth)
+
+
 def _latency(
-    policy: Policy, value: float, observation: Observation, settled: float | None
+    policy: Policy,
+    value: float,
+    observation: Observation,
+    settled: float | None,
+    capacity: _Capacity | None,
 ) -> _Signal:
     target, name = policy.target, policy.metric
     current = observation.running
-    serving = current if observation.serving is None else min(observation.serving, current)
+    serving = _serving(observation)
     if value <= 0 or serving <= 0:  # idle (no request in the window) or nothing serving
         need = policy.min
     else:
@@ -248,7 +324,13 @@ def _latency(
         # is not proportional to the load, and the new replicas' effect shows only once
         # they serve
         proposal = policy.clamp(max(min(need, 2 * serving), serving + 1))
-        if proposal <= current:
+        if capacity is not None and capacity.need > current:
+            trend = f"queue {capacity.growth:+.1f}/s"
+            return _Signal(name, value, target, need, capacity.need, True, trend, sized=True)
+        if capacity is not None and capacity.growth < 0:
+            proposal = current
+            note = f"queue {capacity.growth:+.1f}/s: the backlog drains, {current} carry the load"
+        elif proposal <= current:
             proposal, note = current, f"{current - serving} starting replica(s) will serve it"
         elif settled is not None and settled < policy.settle:
             proposal = current
@@ -261,7 +343,7 @@ def _latency(
         # less the tolerance; load spreads over fewer replicas, so latency grows with it
         keep = target * (1 - policy.tolerance)
         fewer = min(current, policy.clamp(math.ceil(current * value / keep - _EPSILON)))
-        queued = (queue_per_replica or 0.0) * current / max(fewer, 1)
+        queued = (queue_per_replica or 0.0) * max(serving, 1) / max(fewer, 1)
         if fewer < current and queued >= 1:
             note = f"{queue_per_replica:.1f} queued per replica: no scale-in"
         else:
@@ -274,7 +356,11 @@ def _valid(value: float | None) -> bool:
 
 
 def _signals(
-    policy: Policy, observation: Observation, current: int, settled: float | None
+    policy: Policy,
+    observation: Observation,
+    current: int,
+    settled: float | None,
+    queue: list[tuple[float, float]],
 ) -> tuple[list[_Signal], bool]:
     """The usable signals, and whether every configured signal was usable."""
     found: list[_Signal] = []
@@ -282,7 +368,8 @@ def _signals(
     if policy.metric != "rps":
         value = observation.latency
         if value is not None and _valid(value):
-            found.append(_latency(policy, value, observation, settled))
+            capacity = _capacity(policy, observation, queue)
+            found.append(_latency(policy, value, observation, settled, capacity))
         else:
             complete = False
     elif observation.rps is not None and _valid(observation.rps):
@@ -340,9 +427,10 @@ def _up(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
     cooling = _cooling(t, p.scale_up_delay, "scale_up_delay")
     if cooling:
         return t.current, cooling
-    desired = min(proposal, t.current + p.max_step_up)
+    desired = proposal if lead.sized else min(proposal, t.current + p.max_step_up)
     limit = f" (step limit {p.max_step_up})" if desired < proposal else ""
-    return desired, f"{_compare(lead, '>', t.current, p)}: up to {desired}{limit}"
+    sized = f" ({lead.note}: sized from the serving replicas' throughput)" if lead.sized else ""
+    return desired, f"{_compare(lead, '>', t.current, p)}: up to {desired}{limit}{sized}"
 
 
 def _down(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
@@ -358,8 +446,8 @@ def _down(t: _Tick, proposal: int, lead: _Signal) -> tuple[int, str]:
     cooling = _cooling(t, p.scale_down_delay, "scale_down_delay")
     if cooling:
         return t.current, cooling
-    desired = max(highest, t.current - p.max_step_down)
-    limit = f" (step limit {p.max_step_down})" if desired > highest else ""
+    desired = max(highest, t.current - p.step_down)
+    limit = f" (step limit {p.step_down})" if desired > highest else ""
     held = f" (highest in {_ago(p.window)})" if desired == highest > proposal else ""
     text = _compare(lead, "<", t.current, p)
     return desired, f"{text}: down to {desired}{limit}{held}"
@@ -406,6 +494,20 @@ def _rule(t: _Tick, observation: Observation) -> tuple[int, str]:
     return current, _steady(t, lead)
 
 
+def _queue(
+    history: History, observation: Observation, serving: int, now: float, stale: bool
+) -> list[tuple[float, float]]:
+    """The queue samples the trend is measured on: the requests queued in the group (per
+    serving replica x serving) over the last QUEUE_SPAN s, since the serving count changed
+    (the trend of fewer replicas says nothing about the ones serving now)."""
+    kept = history.queue if history.serving in (None, serving) else []
+    kept = [(at, n) for at, n in kept if now - QUEUE_SPAN <= at < now]
+    per = observation.queue_per_replica
+    if not stale and per is not None and _valid(per):
+        kept.append((now, per * serving))
+    return kept
+
+
 def decide(
     policy: Policy, observation: Observation, history: History, now: float
 ) -> tuple[Decision, History]:
@@ -420,7 +522,10 @@ def decide(
     else:
         serving_since = now
     settled = None if serving_since is None else now - serving_since
-    signals, complete = ([], False) if stale else _signals(policy, observation, current, settled)
+    queue = _queue(history, observation, serving, now, stale)
+    signals, complete = (
+        ([], False) if stale else _signals(policy, observation, current, settled, queue)
+    )
     proposal = max((s.proposal for s in signals), default=None)
     recommendation = max((s.recommendation for s in signals), default=None)
     if policy.pinned is not None:  # a pin wins, clamped, at once, no delays
@@ -442,6 +547,7 @@ def decide(
         recommendations=kept,
         serving=serving,
         serving_since=serving_since,
+        queue=queue,
     )
     decision = Decision(
         policy.group,

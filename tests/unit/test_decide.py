@@ -492,3 +492,90 @@ def test_the_decision_names_its_signal_for_status() -> None:
     assert decision.signal_text() == "rps 7.90, target 2.00 per replica"
     decision, _ = run(policy(target=float("inf")), None, 1)
     assert decision.signal_text() == "rps none"
+
+
+# -- latency metrics: the queue's trend sizes a scale-out ---------------------------------------
+
+
+def queued(
+    p: Policy,
+    samples: list[tuple[float, float]],
+    running: int,
+    serving: int,
+    rps: float = 6.0,
+    latency: float = 2.0,
+) -> tuple[Decision, History]:
+    """Feed ``(seconds from NOW, queued per serving replica)`` ticks; the last decision."""
+    history = History()
+    decision: Decision | None = None
+    for offset, per in samples:
+        at = NOW + offset
+        observation = seen(
+            rps, running, at=at, latency=latency, queue_per_replica=per, serving=serving
+        )
+        decision, history = decide(p, observation, history, at)
+    assert decision is not None
+    return decision, history
+
+
+def test_a_growing_queue_sizes_the_scale_out_in_one_step() -> None:
+    # one serving replica, 6 rps in, the queue grows 4.5 requests/s: it completes 1.5/s, so
+    # 6 / 1.5 = 4 replicas carry the load, 5 at the 80% headroom; past the step limit (2)
+    # and although one started replica still loads
+    ticks = [(float(t), 4.5 * t) for t in range(0, 12, 2)]
+    decision, history = queued(ttft(), ticks, running=2, serving=1)
+    assert (decision.action, decision.desired) == ("up", 5)
+    assert decision.reason == (
+        "ttft 2000 ms > target 500 ms (+10%): up to 5 "
+        "(queue +4.5/s: sized from the serving replicas' throughput)"
+    )
+    assert History.from_dict(history.to_dict()) == history
+    # under 10 s of trend: no measurement yet, the proportional rule (loading: hold)
+    decision, _ = queued(ttft(), ticks[:3], running=2, serving=1)
+    assert decision.reason == "ttft 2000 ms vs target 500 ms: 1 starting replica(s) will serve it"
+    # a queue that wobbles within the noise (5% of rps) is no trend either
+    flat = [(float(t), 3.0 + (0.2 if t % 4 else 0.0)) for t in range(0, 12, 2)]
+    decision, _ = queued(ttft(), flat, running=2, serving=1)
+    assert decision.reason == "ttft 2000 ms vs target 500 ms: 1 starting replica(s) will serve it"
+
+
+def test_a_draining_queue_holds_a_latency_above_target() -> None:
+    # four serve 6 rps and the backlog shrinks 2/s: they complete 8/s, 4 x 6/8 / 0.8 = 3.75
+    ticks = [(float(t), 40.0 - 2.0 * t / 4) for t in range(0, 12, 2)]
+    decision, _ = queued(ttft(), ticks, running=4, serving=4)
+    assert decision.action == "hold"
+    assert decision.reason == (
+        "ttft 2000 ms vs target 500 ms: queue -2.0/s: the backlog drains, 4 carry the load"
+    )
+    # draining too slowly for the headroom: sized out (4 x 6 / 6.4 / 0.8 = 4.7 -> 5)
+    slow = [(float(t), 40.0 - 0.4 * t / 4) for t in range(0, 12, 2)]
+    decision, _ = queued(ttft(), slow, running=4, serving=4)
+    assert (decision.action, decision.desired) == ("up", 5)
+
+
+def test_the_queue_trend_restarts_when_the_serving_count_changes() -> None:
+    ticks = [(float(t), 4.5 * t) for t in range(0, 12, 2)]
+    _, history = queued(ttft(), ticks, running=2, serving=1)
+    assert len(history.queue) == 6
+    observation = seen(6.0, 2, at=NOW + 12, latency=2.0, queue_per_replica=25.0, serving=2)
+    _, history = decide(ttft(), observation, history, NOW + 12)
+    assert history.queue == [(NOW + 12, 50.0)]  # per serving replica x serving
+    # samples older than the span (30 s) drop out
+    observation = seen(6.0, 2, at=NOW + 50, latency=2.0, queue_per_replica=1.0, serving=2)
+    _, history = decide(ttft(), observation, history, NOW + 50)
+    assert history.queue == [(NOW + 50, 2.0)]
+
+
+def test_a_latency_scale_in_goes_to_its_estimate_in_one_step() -> None:
+    # the estimate bounds a latency scale-in: no step limit unless one is set
+    p = ttft(scale_down_delay=0.0, stabilization=0.0)
+    decision, _ = lat(p, 0.05, 6)  # 6 x 50 ms / 450 ms -> 1
+    assert (decision.desired, decision.action) == (1, "down")
+    decision, _ = lat(ttft(scale_down_delay=0.0, stabilization=0.0, max_step_down=2), 0.05, 6)
+    assert decision.desired == 4
+    assert decision.reason == "ttft 50 ms < target 500 ms (50%): down to 4 (step limit 2)"
+    # rps keeps its one-at-a-time default
+    decision, _ = run(policy(scale_down_delay=0.0, stabilization=0.0), 1.0, 6)
+    assert decision.desired == 5
+    with pytest.raises(ValueError, match="headroom"):
+        ttft(headroom=1.5)
