@@ -33,9 +33,6 @@ per trace under bench/out/.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import importlib
 import math
 import random
 import sys
@@ -43,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.scaler_sim import (
+from bench.simkit import (
     MAX_REPLICAS,
     MIN_REPLICAS,
     OUT,
@@ -54,6 +51,10 @@ from bench.scaler_sim import (
     WARMUP,
     Baseline,
     Group,
+    Panel,
+    parse,
+    parser,
+    save,
 )
 from pdctl.scaler.decide import History, Metric, Observation, Policy, decide
 
@@ -72,7 +73,7 @@ LATENCY: dict[str, tuple[Metric, float]] = {
     "decode": ("itl", ITL_TARGET),
 }
 GROUPS = ("prefill", "decode")
-POLICIES = ("per-phase", "rps-mean", "dstack-mean", "rps-peak", "dstack-peak")
+POLICIES = ("per-phase", "rps-mean", "dstack-mean", "rps-peak", "dstack-peak", "slo-floor")
 
 
 def _peak_utilisation(service: float, target: float) -> float:
@@ -240,10 +241,22 @@ def _fleet(first: Second, sizing: str) -> dict[str, Group]:
     return groups
 
 
+def fewest(second: Second, group: str) -> int:
+    """The fewest replicas whose p90 meets the group's target at this second's rate and mix
+    with nothing left over (the max when none does)."""
+    for count in range(MIN_REPLICAS, MAX_REPLICAS + 1):
+        latency, _ = Phase(group).step(second, count)
+        if latency <= LATENCY[group][1]:
+            return count
+    return MAX_REPLICAS
+
+
 def simulate(trace: Sequence[Second], policy: str, warmup: float = WARMUP) -> Result:
+    """One policy on one trace. ``slo-floor`` is no policy but a bound: each second, the
+    fewest replicas that meet both targets, serving at once (no load, no reaction time)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
-    sizing = None if policy == "per-phase" else policy.split("-")[1]
+    sizing = None if policy in {"per-phase", "slo-floor"} else policy.split("-")[1]
     groups = _fleet(trace[0], sizing or "mean")
     phases = {name: Phase(name) for name in GROUPS}
     recent: dict[str, list[float]] = {name: [] for name in GROUPS}
@@ -254,6 +267,9 @@ def simulate(trace: Sequence[Second], policy: str, warmup: float = WARMUP) -> Re
     for t, second in enumerate(trace):
         now = float(t)
         seen: dict[str, tuple[float, float]] = {}
+        if policy == "slo-floor":
+            for name, group in groups.items():
+                group.ready_at = [-math.inf] * fewest(second, name)
         for name in GROUPS:
             latency, queued = phases[name].step(second, groups[name].serving(now))
             window = recent[name]
@@ -264,7 +280,7 @@ def simulate(trace: Sequence[Second], policy: str, warmup: float = WARMUP) -> Re
                 result.violations += 1
         if policy.startswith("dstack"):
             dstack.step(now, rps_trace, t, groups)
-        else:
+        elif policy != "slo-floor":
             rate = sum(rps_trace[max(0, t - PDCTL_WINDOW + 1) : t + 1]) / min(t + 1, PDCTL_WINDOW)
             deciding.step(now, rate, seen, groups)
         result.replica_seconds += sum(g.replicas for g in groups.values())
@@ -282,55 +298,68 @@ def simulate(trace: Sequence[Second], policy: str, warmup: float = WARMUP) -> Re
 # -- report ---------------------------------------------------------------------------------------
 
 
-def write_csv(path: Path, trace: Sequence[Second], results: dict[str, Result]) -> None:
-    columns = ["time", "rps", "prompt", "answer"]
+def write(out: Path, name: str, trace: Sequence[Second], results: dict[str, Result]) -> None:
+    header = ["time", "rps", "prompt", "answer"]
     for policy in POLICIES:
-        columns += [f"{policy}_{c}" for c in ("prefill", "decode", "ttft_p90", "itl_p90")]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        for t, s in enumerate(trace):
-            row: list[object] = [t, f"{s.rps:.3f}", s.prompt, s.answer]
-            for policy in POLICIES:
-                p, d, ttft, itl = results[policy].series[t]
-                row += [p, d, f"{ttft:.4f}", f"{itl:.4f}"]
-            writer.writerow(row)
-
-
-def write_png(path: Path, name: str, trace: Sequence[Second], results: dict[str, Result]) -> None:
-    try:  # optional: skip silently without matplotlib
-        importlib.import_module("matplotlib").use("Agg")
-        plt = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        return
-    figure, axes = plt.subplots(5, 1, sharex=True, figsize=(10, 11))
-    x = range(len(trace))
-    axes[0].plot([s.rps for s in trace], linewidth=0.6, color="gray", label="rps")
-    heavy = [1 if s.prompt > s.answer else 0 for s in trace]
-    axes[0].fill_between(x, 0, [h * 10 for h in heavy], alpha=0.15, label="prompt-heavy")
-    axes[0].set_ylabel("rps")
-    axes[0].set_title(name)
-    axes[0].legend(loc="upper right")
-    panels: list[tuple[str, float | None]] = [
+        header += [f"{policy}_{c}" for c in ("prefill", "decode", "ttft_p90", "itl_p90")]
+    rows: list[list[object]] = []
+    for t, s in enumerate(trace):
+        row: list[object] = [t, f"{s.rps:.3f}", s.prompt, s.answer]
+        for policy in POLICIES:
+            p, d, ttft, itl = results[policy].series[t]
+            row += [p, d, f"{ttft:.4f}", f"{itl:.4f}"]
+        rows.append(row)
+    heavy = [1.0 if s.prompt > s.answer else 0.0 for s in trace]
+    rate = {"rps": [s.rps for s in trace]}
+    panels = [Panel("rps (shaded: prompt-heavy)", rate, steps=False, shade=heavy)]
+    titles: list[tuple[str, float | None]] = [
         ("prefill replicas", None),
         ("decode replicas", None),
         ("ttft p90 s", TTFT_TARGET),
         ("itl p90 s", ITL_TARGET),
     ]
-    for index, (label, target) in enumerate(panels):
-        axis = axes[index + 1]
-        for policy in POLICIES:
-            values = [min(s[index], 10.0) for s in results[policy].series]
-            axis.step(x, values, label=policy, linewidth=0.8)
-        if target is not None:
-            axis.axhline(target, color="red", linewidth=0.6, label="target")
-            axis.set_yscale("log")
-        axis.set_ylabel(label)
-        axis.legend(loc="upper right")
-    axes[-1].set_xlabel("seconds")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    for index, (label, target) in enumerate(titles):
+        lines = {p: [min(s[index], 10.0) for s in results[p].series] for p in POLICIES}
+        panels.append(Panel(label, lines, target))
+    save(out, f"phases_{name}", header, rows, name, panels)
+
+
+def _legend(seconds: int, warmup: float) -> list[str]:
+    mean, peak = RPS_TARGETS["mean"], RPS_TARGETS["peak"]
+    delays = (
+        f"scale_up_delay {PDCTL_UP:g} s, scale_down_delay {PDCTL_DOWN:g} s, "
+        f"stabilization {PDCTL_STABILIZATION:g} s"
+    )
+    return [
+        f"scaler-phases: {seconds} s per trace, phases of {PHASE} s, model load {warmup:g} s "
+        f"for every policy, groups {MIN_REPLICAS}..{MAX_REPLICAS}; targets ttft p90 "
+        f"{TTFT_TARGET * 1000:.0f} ms, itl p90 {ITL_TARGET * 1000:.0f} ms",
+        f"  per-phase:  pdctl decide() on ttft (prefill) and itl (decode), p90 over "
+        f"{PDCTL_WINDOW} s and the queue per replica; {delays}",
+        f"  rps-*:      pdctl decide() on the router's rps over {PDCTL_WINDOW} s, the same delays",
+        "  dstack-*:   dstack's rps policy (rps over 60 s, up 300 s / down 600 s after the last "
+        "scaling of any group)",
+        f"  *-mean:     rps per replica for the average mix ({MEAN_PROMPT:.0f}-token prompts, "
+        f"{MEAN_ANSWER:.0f}-token answers) at {UTILISATION:.0%} utilisation: prefill "
+        f"{mean['prefill']:.2f}, decode {mean['decode']:.2f}",
+        f"  *-peak:     for the heavier mix at the utilisation that just meets the target: "
+        f"prefill {peak['prefill']:.2f}, decode {peak['decode']:.2f}",
+        "  slo-floor:  no policy: each second the fewest replicas meeting both targets, serving "
+        "at once (no load): what meeting the SLO costs at least",
+    ]
+
+
+def _verdict(name: str, results: dict[str, Result]) -> str:
+    ours, dstack, floor = results["per-phase"], results["dstack-mean"], results["slo-floor"]
+    rps = results["rps-mean"]
+    fewer = ours.violations < min(dstack.violations, rps.violations)
+    cost = ours.replica_seconds / dstack.replica_seconds - 1
+    bound = floor.replica_seconds / dstack.replica_seconds - 1
+    return (
+        f"{name:<17} per-phase vs the mean-sized rps policies: SLO-violation s "
+        f"{'fewer' if fewer else 'NOT fewer'} ({ours.violations} vs {rps.violations} pdctl, "
+        f"{dstack.violations} dstack); replica-s {cost:+.1%} vs dstack's (slo-floor {bound:+.1%})"
+    )
 
 
 def run(
@@ -340,12 +369,8 @@ def run(
     out: Path | None = OUT,
     emit: Callable[[str], None] = print,
 ) -> dict[str, dict[str, Result]]:
-    emit(
-        f"scaler-phases: {seconds} s per trace, phases of {PHASE} s, warm-up {warmup:g} s; "
-        f"targets ttft p90 {TTFT_TARGET * 1000:.0f} ms, itl p90 {ITL_TARGET * 1000:.0f} ms; "
-        "rps targets per replica (prefill / decode): "
-        + ", ".join(f"{k} {v['prefill']:.2f} / {v['decode']:.2f}" for k, v in RPS_TARGETS.items())
-    )
+    for line in _legend(seconds, warmup):
+        emit(line)
     emit(f"{'trace':<17} {'policy':<12} {'SLO-violation s':>16} {'replica-s':>10}")
     results: dict[str, dict[str, Result]] = {}
     for name, trace in traces(seconds, seed).items():
@@ -353,24 +378,16 @@ def run(
         for policy in POLICIES:
             r = results[name][policy]
             emit(f"{name:<17} {policy:<12} {r.violations:>16d} {r.replica_seconds:>10.0f}")
+        emit(_verdict(name, results[name]))
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            write_csv(out / f"phases_{name}.csv", trace, results[name])
-            write_png(out / f"phases_{name}.png", name, trace, results[name])
+            write(out, name, trace, results[name])
     if out is not None:
         emit(f"CSV per trace in {out}")
     return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--warmup", type=float, default=WARMUP, help="model load, seconds")
-    parser.add_argument("--seconds", type=int, default=7200, help="length of each trace")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed")
-    parser.add_argument("--out", type=Path, default=OUT, help="where CSVs and PNGs go")
-    args = parser.parse_args(argv)
-    if args.seconds < 60 or args.warmup < 0:
-        parser.error("--seconds must be >= 60 and --warmup >= 0")
+    args = parse(parser(__doc__), argv)
     run(args.seconds, args.warmup, args.seed, args.out)
     return 0
 

@@ -28,9 +28,6 @@ matplotlib is importable) go to bench/out/.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import importlib
 import math
 import random
 import sys
@@ -38,21 +35,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.simkit import (
+    BASELINE_DOWN,
+    BASELINE_UP,
+    BASELINE_WINDOW,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    OUT,
+    PDCTL_DOWN,
+    PDCTL_STABILIZATION,
+    PDCTL_UP,
+    PDCTL_WINDOW,
+    WARMUP,
+    Baseline,
+    Group,
+    Panel,
+    average,
+    parse,
+    parser,
+    save,
+)
 from pdctl.scaler.decide import History, Observation, Policy, decide
 
 HOSTS = 8
 GPUS_PER_HOST = 8
 GPUS_PER_REPLICA = 4
 TARGETS = {"prefill": 3.0, "decode": 2.0}
-MIN_REPLICAS, MAX_REPLICAS = 1, 8
-WARMUP = 120.0
-
-PDCTL_WINDOW = 30  # seconds of rate the observer hands to decide()
-PDCTL_UP, PDCTL_DOWN, PDCTL_STABILIZATION = 30.0, 120.0, 120.0
-BASELINE_WINDOW = 60
-BASELINE_UP, BASELINE_DOWN = 300.0, 600.0
-
-OUT = Path(__file__).resolve().parent / "out"
 POLICIES = ("pdctl", "baseline")
 
 
@@ -95,39 +103,6 @@ def traces(seconds: int, seed: int = 0, amplitude: float = 1.0) -> dict[str, lis
 # -- the simulated fleet --------------------------------------------------------------------------
 
 
-@dataclass
-class Group:
-    name: str
-    target: float
-    ready_at: list[float] = field(default_factory=list)  # per replica: when it starts serving
-    directions: list[str] = field(default_factory=list)  # "up"/"down", one per scaling event
-
-    @property
-    def replicas(self) -> int:
-        return len(self.ready_at)
-
-    def serving(self, now: float) -> int:
-        return sum(1 for at in self.ready_at if at <= now)
-
-    def scale_to(self, count: int, now: float, warmup: float) -> None:
-        if count == self.replicas:
-            return
-        self.directions.append("up" if count > self.replicas else "down")
-        if count > self.replicas:
-            self.ready_at += [now + warmup] * (count - self.replicas)
-        else:  # the newest (still loading ones first) go; removal is immediate
-            self.ready_at = sorted(self.ready_at)[:count]
-
-    @property
-    def reversals(self) -> int:
-        return sum(1 for a, b in zip(self.directions, self.directions[1:], strict=False) if a != b)
-
-
-def _average(trace: Sequence[float], t: int, window: int) -> float:
-    """Mean rps over the last ``window`` seconds up to t (the load before 0 is trace[0])."""
-    return sum(trace[max(0, i)] for i in range(t - window + 1, t + 1)) / window
-
-
 def _fleet(trace: Sequence[float]) -> dict[str, Group]:
     groups = {}
     for name, target in TARGETS.items():
@@ -154,32 +129,13 @@ class Pdctl:
         self.histories = {name: History() for name in TARGETS}
 
     def step(self, now: float, trace: Sequence[float], t: int, groups: dict[str, Group]) -> None:
-        rps = _average(trace, t, PDCTL_WINDOW)
+        rps = average(trace, t, PDCTL_WINDOW)
         for name, group in groups.items():
             observation = Observation(at=now, rps=rps, running=group.replicas)
             decision, self.histories[name] = decide(
                 self.policies[name], observation, self.histories[name], now
             )
             group.scale_to(decision.desired, now, self.warmup)
-
-
-class Baseline:
-    """dstack's policy as docs/facts.md states it: one cooldown for every group."""
-
-    def __init__(self, warmup: float = WARMUP) -> None:
-        self.warmup = warmup
-        self.last_scaled_at: float | None = None
-
-    def step(self, now: float, trace: Sequence[float], t: int, groups: dict[str, Group]) -> None:
-        rps = _average(trace, t, BASELINE_WINDOW)
-        since = math.inf if self.last_scaled_at is None else now - self.last_scaled_at
-        for group in groups.values():  # both groups see the cooldown as it was at this tick
-            desired = max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(rps / group.target)))
-            up = desired > group.replicas and since >= BASELINE_UP
-            down = desired < group.replicas and since >= BASELINE_DOWN
-            if up or down:
-                group.scale_to(desired, now, self.warmup)
-                self.last_scaled_at = now
 
 
 @dataclass
@@ -231,41 +187,22 @@ def summary_line(pdctl_under: int, baseline_under: int, hosts: int = HOSTS) -> s
     )
 
 
-def write_csv(path: Path, trace: Sequence[float], results: dict[str, Result]) -> None:
-    columns = ["time", "rps"]
+def write(out: Path, name: str, trace: Sequence[float], results: dict[str, Result]) -> None:
+    header = ["time", "rps"]
     for policy in POLICIES:
-        columns += [f"{policy}_{g}" for g in TARGETS] + [f"{policy}_{g}_serving" for g in TARGETS]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        for t, rps in enumerate(trace):
-            row: list[object] = [t, f"{rps:.3f}"]
-            for policy in POLICIES:
-                row += list(results[policy].series[t])
-            writer.writerow(row)
-
-
-def write_png(path: Path, name: str, trace: Sequence[float], results: dict[str, Result]) -> None:
-    try:  # optional: skip silently without matplotlib
-        importlib.import_module("matplotlib").use("Agg")
-        plt = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        return
-    figure, axes = plt.subplots(3, 1, sharex=True, figsize=(10, 7))
-    axes[0].plot(trace, linewidth=0.6, color="gray")
-    axes[0].set_ylabel("rps")
-    axes[0].set_title(name)
-    for axis, (index, group) in zip(axes[1:], enumerate(TARGETS), strict=True):
-        for policy in POLICIES:
-            axis.step(range(len(trace)), [s[index] for s in results[policy].series], label=policy)
+        header += [f"{policy}_{g}" for g in TARGETS] + [f"{policy}_{g}_serving" for g in TARGETS]
+    rows = [
+        [t, f"{rps:.3f}", *(n for p in POLICIES for n in results[p].series[t])]
+        for t, rps in enumerate(trace)
+    ]
+    panels = [Panel("rps", {"rps": trace}, steps=False)]
+    for index, group in enumerate(TARGETS):
+        lines: dict[str, Sequence[float]] = {
+            p: [s[index] for s in results[p].series] for p in POLICIES
+        }
         need = [max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(r / TARGETS[group]))) for r in trace]
-        axis.plot(need, linewidth=0.4, color="gray", label="needed")
-        axis.set_ylabel(f"{group} replicas")
-        axis.legend(loc="upper right")
-    axes[-1].set_xlabel("seconds")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+        panels.append(Panel(f"{group} replicas", {**lines, "needed": need}))
+    save(out, f"scaler_{name}", header, rows, name, panels)
 
 
 def run(
@@ -311,9 +248,7 @@ def run(
             f"reversals {ratio(b.total_reversals, p.total_reversals)}"
         )
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            write_csv(out / f"scaler_{name}.csv", trace, results[name])
-            write_png(out / f"scaler_{name}.png", name, trace, results[name])
+            write(out, name, trace, results[name])
     emit("")
     emit("ratios (baseline / pdctl; higher is better for pdctl; 'inf' = pdctl had 0):")
     for line in ratios:
@@ -327,20 +262,14 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--warmup", type=float, default=WARMUP, help="model load, seconds")
-    parser.add_argument("--seconds", type=int, default=7200, help="length of each trace")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed")
-    parser.add_argument(
+    found = parser(__doc__)
+    found.add_argument(
         "--amplitude",
         type=float,
         default=1.0,
         help="sawtooth swing around the 6 rps boundary, rps (default 1: 5..7)",
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="where CSVs go")
-    args = parser.parse_args(argv)
-    if args.seconds < 60 or args.warmup < 0:
-        parser.error("--seconds must be >= 60 and --warmup >= 0")
+    args = parse(found, argv)
     run(args.seconds, args.warmup, args.seed, args.amplitude, args.out)
     return 0
 

@@ -20,6 +20,7 @@ from bench.scaler_phases import (
     Second,
     _peak_utilisation,
     alternating,
+    fewest,
     p90,
     run,
     simulate,
@@ -84,6 +85,33 @@ def test_per_phase_beats_each_rps_sizing_on_its_weak_side() -> None:
     assert RPS_TARGETS["peak"]["decode"] < RPS_TARGETS["mean"]["decode"]
 
 
+def test_the_slo_floor_is_the_fewest_replicas_that_meet_each_target() -> None:
+    heavy = Second(rps=6.0, prompt=2000.0, answer=20.0)  # 1.5 prefill replicas of work
+    assert fewest(heavy, "prefill") == 4  # 3 would run at 50%: p90 537 ms > 500 ms
+    assert fewest(heavy, "decode") == 1
+    answers = Second(rps=6.0, prompt=100.0, answer=300.0)  # 4.5 decode replicas of work
+    assert (fewest(answers, "prefill"), fewest(answers, "decode")) == (1, 6)
+    trace = alternating(SECONDS)
+    floor = simulate(trace, "slo-floor")
+    assert floor.violations == 0
+    # meeting the SLO costs at least 5 replicas in a prompt-heavy phase, 7 in an answer-heavy
+    # one: on average what dstack's mean-sized 2 + 4 cost, without any reaction time
+    assert 6 * SECONDS <= floor.replica_seconds < 1.02 * 6 * SECONDS
+    assert simulate(trace, "dstack-mean").replica_seconds == 6 * SECONDS
+
+
+def test_per_phase_leaves_a_phase_in_one_step_and_sizes_the_next_from_its_queue() -> None:
+    trace = alternating(SECONDS)
+    series = simulate(trace, "per-phase").series
+    # answer-heavy from PHASE: decode reaches the 6 it needs, not more, within a minute
+    decode = [s[1] for s in series[PHASE : 2 * PHASE]]
+    assert max(decode) == 6 and decode.index(6) < 60
+    # prompt-heavy again from 2 x PHASE: decode leaves in three moves (estimate, stabilised)
+    decode = [s[1] for s in series[2 * PHASE : 3 * PHASE]]
+    moves = sum(1 for a, b in zip(decode, decode[1:], strict=False) if b < a)
+    assert decode[-1] == 1 and moves <= 3
+
+
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         simulate(alternating(120), "hpa")
@@ -93,7 +121,17 @@ def test_run_prints_the_table_and_writes_csv(tmp_path: Path) -> None:
     lines: list[str] = []
     results = run(1800, out=tmp_path, emit=lines.append)
     assert set(results) == {"alternating", "alternating-ramp"}
-    assert sum(1 for line in lines if line.startswith("alternating ")) == 5
+    table = [line for line in lines if line.startswith("alternating ")]
+    assert [line.split()[1] for line in table[:6]] == [
+        "per-phase",
+        "rps-mean",
+        "dstack-mean",
+        "rps-peak",
+        "dstack-peak",
+        "slo-floor",
+    ]
+    assert table[6].startswith("alternating       per-phase vs the mean-sized rps policies:")
+    assert any("*-mean:     rps per replica for the average mix" in line for line in lines)
     rows = list(csv.reader((tmp_path / "phases_alternating.csv").open()))
     assert rows[0][:6] == [
         "time",
