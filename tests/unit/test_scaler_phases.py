@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_per_phase_leaves_a_phase_in_one_step_and_sizes_the_next_from_its_queue(
     assert max(decode) == 6 and decode.index(6) < 60
     # prompt-heavy again from 2 x PHASE: decode leaves in three moves (estimate, stabilised)
     decode = [s[1] for s in series[2 * PHASE : 3 * PHASE]]
-    moves = sum(1 for a, b in zip(decode, decode[1:], strict=False) if b < a)
+    moves = sum(1 for a, b in itertools.pairwise(decode) if b < a)
     assert decode[-1] == 1 and moves <= 3
 
 
