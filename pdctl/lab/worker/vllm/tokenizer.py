@@ -39,6 +39,8 @@ def _build_vocab() -> dict[str, int]:
 
 VOCAB = _build_vocab()
 _BY_ID = {index: piece for piece, index in VOCAB.items()}
+# What words are spelled with: a word that looks like a special token is spelled, not marked.
+_PIECES = {piece: index for piece, index in VOCAB.items() if index >= len(SPECIAL)}
 
 
 def _word_ids(word: str) -> list[int]:
@@ -50,8 +52,8 @@ def _word_ids(word: str) -> list[int]:
         end, found = len(word), None
         while start < end:
             piece = word[start:end] if start == 0 else PREFIX + word[start:end]
-            if piece in VOCAB:
-                found = VOCAB[piece]
+            if piece in _PIECES:
+                found = _PIECES[piece]
                 break
             end -= 1
         if found is None:
