@@ -155,10 +155,27 @@ def test_vllm_image_holds_its_entry_points_and_unpacked_wheels(
         assert any(m.startswith(f"{site}/{module}-") and m.endswith("/METADATA") for m in members)
 
 
-def test_image_wheels_must_be_in_the_wheelhouse(tmp_path: Path) -> None:
-    (tmp_path / "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.whl").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="no wheel of protobuf, smg-grpc-proto"):
-        worker_tree.wheels_for(tmp_path, ["grpcio", "protobuf", "smg_grpc_proto"])
+def _wheel(folder: Path, name: str, *requires: str) -> Path:
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        lines = [f"Name: {name}", *(f"Requires-Dist: {r}" for r in requires)]
+        wheel.writestr(f"{name}-1.0.dist-info/METADATA", "\n".join(lines) + "\n")
+    return path
+
+
+def test_image_wheels_are_the_packages_and_what_they_require(tmp_path: Path) -> None:
+    grpcio = _wheel(
+        tmp_path,
+        "grpcio",
+        "typing-extensions~=4.12",
+        "grpcio-tools>=1.85 ; extra == 'protobuf'",  # an extra: not installed
+        "futures ; python_version < '3.2'",  # a marker pip did not meet: not in the wheelhouse
+    )
+    with pytest.raises(FileNotFoundError, match="no wheel of smg-grpc-proto, typing-extensions"):
+        worker_tree.wheels_for(tmp_path, ["grpcio", "smg_grpc_proto"])
+    typing = _wheel(tmp_path, "typing_extensions")
+    _wheel(tmp_path, "unrelated")
+    assert worker_tree.wheels_for(tmp_path, ["GRPCIO"]) == [grpcio, typing]
 
 
 def test_smg_grpc_proto_pins_agree() -> None:
