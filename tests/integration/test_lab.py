@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_vllm_worker_with_smg import Bench
+from tests.integration.test_worker_with_smg import request, sse_events, wait_for
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
 
 PROVIDER_WARNING = "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'"
@@ -35,6 +38,10 @@ def test_status_contract(lab3: Lab) -> None:
         assert Path(host["identity_file"]).is_file()
     assert [h["gpus"] for h in doc["hosts"]] == [0, 8, 8]
     assert doc["worker_image"].startswith("localhost/pdctl-lab/sglang-rocm:")
+    assert doc["worker_images"] == {
+        "sglang": doc["worker_image"],
+        "vllm": "localhost/pdctl-lab/vllm-rocm:0.11.0-lab",
+    }
     assert doc["fleet_add"].startswith("pdctl fleet add lab --identity-file ")
 
 
@@ -299,3 +306,89 @@ def test_up_recovers_from_a_killed_lab(tmp_path: Path) -> None:
     assert lab.ssh("node1", "echo alive").stdout.strip() == "alive"
     pdctl(tmp_path, "lab", "down")
     assert _leftovers(tmp_path)["mounts"] == []
+
+
+VLLM_PROVIDER_MOUNT = (
+    "-v /usr/lib64/libibverbs/libbnxt_re-rdmav34.so:"
+    "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so:ro"
+)
+
+
+def _vllm_container(lab: Lab, node: str, name: str, image: str, command: str) -> None:
+    address = lab.host(node)["address"]
+    lab.ssh(
+        node,
+        f"podman run -d --rm --name {name} --network host {VLLM_PROVIDER_MOUNT} "
+        f"-e VLLM_NIXL_SIDE_CHANNEL_HOST={address} -e VLLM_NIXL_SIDE_CHANNEL_PORT=5600 "
+        f"{image} {command} --tensor-parallel-size 4 --block-size 128",
+        user="root",
+    )
+
+
+def test_vllm_image_serves_p_and_d_across_hosts_behind_smg(lab3: Lab) -> None:
+    """Both tags of the vLLM image are on the GPU hosts; a prefill (``vllm serve --grpc``) on
+    node2 and a decode (``python3 -m vllm.entrypoints.grpc_server``) on node3 serve a chat
+    through the real SMG: the decode fetched the prefill's KV over node2's side channel."""
+    vllm = lab3.status()["worker_images"]["vllm"]
+    other_tag = vllm.replace(":0.11.0-lab", ":0.11.1-lab")
+    lab3.ssh("node3", f"podman image exists {vllm} && podman image exists {other_tag}", user="root")
+    kv = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
+    bench = Bench(Path(tempfile.mkdtemp(prefix="vllm-lab-")))
+    try:
+        _vllm_container(
+            lab3, "node2", "vlab-prefill", vllm,
+            "vllm serve lab/tiny-llama --grpc --port 50100 "
+            f"--kv-transfer-config '{kv % 'kv_producer'}'",
+        )  # fmt: skip
+        _vllm_container(
+            lab3, "node3", "vlab-decode", other_tag,
+            "python3 -m vllm.entrypoints.grpc_server --model lab/tiny-llama --port 50101 "
+            f"--kv-transfer-config '{kv % 'kv_consumer'}'",
+        )  # fmt: skip
+        router = bench.smg()
+        for node, port, kind in (("node2", 50100, "prefill"), ("node3", 50101, "decode")):
+            url = f"grpc://{lab3.host(node)['address']}:{port}"
+            body = {"url": url, "worker_type": kind, "runtime_type": "vllm"}
+            assert request(router, "POST", "/workers", body).status == 202
+
+        def ready() -> bool:
+            workers = request(router, "GET", "/workers").json()["workers"]
+            return sum(w["status"] == "ready" for w in workers) == 2
+
+        wait_for(ready, 90)
+        chat = {"model": "lab/tiny-llama", "messages": [{"role": "user", "content": "hi lab"}]}
+        reply = request(router, "POST", "/v1/chat/completions", chat)
+        assert reply.status == 200, reply.body
+        answer = reply.json()["choices"][0]["message"]["content"]
+        assert answer.startswith("[decode ") and answer.endswith(
+            ":50101 model=lab/tiny-llama] echo: hi lab"
+        )
+        streamed = request(router, "POST", "/v1/chat/completions", {**chat, "stream": True})
+        deltas = [
+            json.loads(e)["choices"][0]["delta"].get("content") or ""
+            for e in sse_events(streamed.body)[:-1]
+            if json.loads(e)["choices"]
+        ]
+        assert "".join(deltas) == answer
+        prefill_log = lab3.ssh("node2", "podman logs vlab-prefill", user="root")
+        assert f"NIXL side channel: {lab3.host('node3')['address']} fetched" in (
+            prefill_log.stdout + prefill_log.stderr
+        )
+    finally:
+        bench.close()
+        for node, name in (("node2", "vlab-prefill"), ("node3", "vlab-decode")):
+            lab3.ssh(node, f"podman rm -f {name}", user="root", check=False)
+
+
+def test_vllm_image_refuses_to_start_without_provider_library(lab3: Lab) -> None:
+    vllm = lab3.status()["worker_images"]["vllm"]
+    kv = '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'
+    proc = lab3.ssh(
+        "node3",
+        f"podman run --rm --network host {vllm} python3 -m vllm.entrypoints.grpc_server"
+        f" --model m --port 50102 --kv-transfer-config '{kv}'",
+        user="root",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert PROVIDER_WARNING in proc.stderr + proc.stdout
