@@ -5,9 +5,9 @@ keeps the request's "KV" and answers with ``kv_transfer_params`` naming its side
 (``VLLM_NIXL_SIDE_CHANNEL_HOST``:``PORT``). A decode (``kv_consumer``) refuses a request without
 ``do_remote_prefill``; with it, it connects to the named side channel and fetches the request's
 KV (one JSON line each way) before it decodes: a request whose side channel does not answer
-fails. ``kv_both`` does either, as the parameters say, or answers alone. Answers name the
-worker and echo the last user message, in word tokens (common/words.py), paced by the capacity
-model (common/capacity.py). Standard library only.
+fails (docs/facts.md, vLLM gRPC workers). ``kv_both`` does either, as the parameters say, or
+answers alone. Answers name the worker and echo the last user message, in word tokens
+(common/words.py), paced by the capacity model (common/capacity.py). Standard library only.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ vllm.entrypoints.grpc_server``) in pdctl's lab, routed by the real SMG.
 Serves, on ``--host``:``--port``, the ``vllm.grpc.engine.VllmEngine`` service of PyPI
 ``smg-grpc-proto`` (HealthCheck, GetModelInfo, GetServerInfo, GetLoads, GetTokenizer, Generate
 streamed or not, Abort) and ``grpc.health.v1.Health`` (SERVING once loaded); no HTTP port.
+What SMG reads from each RPC: docs/facts.md, vLLM gRPC workers.
 What the engine does is in engine.py. Lab settings and faults as for the SGLang stand-in
 (common/settings.py); at start it refuses, like vLLM's NIXL would, a missing RDMA provider
 library, GPUs or RDMA devices (common/devices.py), and a side-channel port already taken.

@@ -1,4 +1,5 @@
-"""The stand-in's tokenizer, which SMG fetches with GetTokenizer (no internet in the lab).
+"""The stand-in's tokenizer, which SMG fetches with GetTokenizer (no internet in the lab;
+docs/facts.md, vLLM gRPC workers).
 
 A Hugging Face ``tokenizer.json`` (WordPiece on whitespace-split words) and a
 ``tokenizer_config.json`` with a chat template, made here with the standard library, and the
