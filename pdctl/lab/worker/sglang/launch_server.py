@@ -60,7 +60,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -70,6 +69,7 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+from ..common import runtime as common_runtime
 from ..common import settings
 from ..common.capacity import (
     E2E_BUCKETS,
@@ -78,7 +78,6 @@ from ..common.capacity import (
     Capacity,
     KvRooms,
     Pace,
-    Rates,
 )
 from ..common.devices import gpu_failure, missing_provider, nic_failure, verbs_warning
 from ..common.settings import StateFile
@@ -91,7 +90,6 @@ MAX_TOTAL_NUM_TOKENS = 131072
 TOKENS_PER_RUNNING_REQUEST = 512  # KV tokens a running request is said to hold
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 BOOTSTRAP_TIMEOUT_SECS = 2.0
-THROUGHPUT_WINDOW_SECS = 10.0
 # Transfer backends that move KV caches without RDMA; all others need a verbs provider.
 TCP_BACKENDS = frozenset({"mooncake_tcp", "fake"})
 CLIENT_CLOSED_REQUEST = 499  # logged when the client hangs up before the answer is written
@@ -274,82 +272,13 @@ def provider_failure(cfg: ServerConfig, env: Mapping[str, str]) -> ProviderFailu
 # --------------------------------------------------------------------------- runtime state
 
 
-class Runtime:
+class Runtime(common_runtime.Runtime):
     """Start time, drain flag and the counters /metrics, /v1/loads and /server_info show."""
 
     def __init__(self, cfg: ServerConfig, state: StateFile, warmup_secs: float) -> None:
+        capacity = Capacity(cfg.ttft_buckets, cfg.itl_buckets, cfg.e2e_buckets)
+        super().__init__(state, warmup_secs, capacity)
         self.cfg = cfg
-        self.state = state
-        self.warmup_secs = warmup_secs
-        self.started = time.monotonic()
-        self._cond = threading.Condition()
-        self._draining = False
-        self.inflight = 0
-        self.requests_total = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self._recent: deque[tuple[float, int]] = deque()
-        self.capacity = Capacity(cfg.ttft_buckets, cfg.itl_buckets, cfg.e2e_buckets)
-
-    @property
-    def draining(self) -> bool:
-        return self._draining
-
-    def warm(self) -> bool:
-        return time.monotonic() - self.started >= self.warmup_secs
-
-    def healthy(self) -> bool:
-        if self._draining or not self.warm():
-            return False
-        return not settings.unhealthy(self.state.read())
-
-    def latency_secs(self) -> float:
-        return settings.latency_secs(self.state.read())
-
-    def rates(self) -> Rates:
-        return settings.rates(self.state.read())
-
-    def load(self) -> tuple[int, int]:
-        """(running, queued) generations: queued ones wait for the prefill slot."""
-        _, queued = self.capacity.prefill.load()
-        queued = min(queued, self.inflight)
-        return self.inflight - queued, queued
-
-    def begin(self) -> bool:
-        """Admit one generation; False once draining."""
-        with self._cond:
-            if self._draining:
-                return False
-            self.inflight += 1
-            self.requests_total += 1
-            return True
-
-    def end(self, prompt_tokens: int, completion_tokens: int) -> None:
-        with self._cond:
-            self.inflight -= 1
-            self.prompt_tokens_total += prompt_tokens
-            self.generation_tokens_total += completion_tokens
-            self._recent.append((time.monotonic(), completion_tokens))
-            self._cond.notify_all()
-
-    def start_draining(self) -> int:
-        with self._cond:
-            self._draining = True
-            return self.inflight
-
-    def wait_idle(self) -> None:
-        with self._cond:
-            while self.inflight:
-                self._cond.wait()
-
-    def gen_throughput(self) -> float:
-        """Generated tokens per second over the last few seconds."""
-        horizon = time.monotonic() - THROUGHPUT_WINDOW_SECS
-        with self._cond:
-            while self._recent and self._recent[0][0] < horizon:
-                self._recent.popleft()
-            tokens = sum(count for _, count in self._recent)
-        return round(tokens / THROUGHPUT_WINDOW_SECS, 2)
 
     def token_usage(self, running: int | None = None) -> float:
         """Share of the KV pool the running requests are said to hold."""

@@ -18,7 +18,7 @@ import socketserver
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,13 +27,13 @@ from typing import Any
 
 from ..common import settings
 from ..common.capacity import ROOMS_KEPT, Capacity, Pace
+from ..common.runtime import Runtime
 from ..common.words import fit
 from . import tokenizer
 from .cli import Config
 
 Json = dict[str, Any]
 SIDE_CHANNEL_TIMEOUT_SECS = 5.0
-THROUGHPUT_WINDOW_SECS = 10.0
 _log_lock = threading.Lock()
 
 
@@ -135,66 +135,24 @@ def fetch_kv(host: str, port: int, request_id: str) -> str | None:
     return f"the prefill's side channel at {host}:{port} refused: {error or 'no answer'}"
 
 
-class Engine:
-    """Health, drain, counters and the generation plans of one worker."""
+class Engine(Runtime):
+    """A worker's runtime (common/runtime.py), its KV and the generation plans."""
 
     def __init__(self, cfg: Config, state: settings.StateFile, warmup_secs: float) -> None:
+        super().__init__(state, warmup_secs, Capacity())
         self.cfg = cfg
-        self.state = state
-        self.warmup_secs = warmup_secs
-        self.started = time.monotonic()
-        self.capacity = Capacity()
         self.kv = KvStore()
-        self._cond = threading.Condition()
-        self.draining = False
-        self.inflight = 0
         self.aborted: set[str] = set()
-        self._recent: deque[tuple[float, int]] = deque()
 
     def health(self) -> tuple[bool, str]:
+        """(healthy, why) for HealthCheck and grpc.health.v1."""
         if self.draining:
             return False, "draining"
-        if time.monotonic() - self.started < self.warmup_secs:
+        if not self.warm():
             return False, "loading the model"
-        if settings.unhealthy(self.state.read()):
+        if not self.healthy():
             return False, "unhealthy (lab fault)"
         return True, "Health"
-
-    def begin(self) -> bool:
-        with self._cond:
-            if self.draining:
-                return False
-            self.inflight += 1
-            return True
-
-    def end(self, completion_tokens: int) -> None:
-        with self._cond:
-            self.inflight -= 1
-            self._recent.append((time.monotonic(), completion_tokens))
-            self._cond.notify_all()
-
-    def drain(self) -> int:
-        with self._cond:
-            self.draining = True
-            return self.inflight
-
-    def wait_idle(self) -> None:
-        with self._cond:
-            while self.inflight:
-                self._cond.wait()
-
-    def load(self) -> tuple[int, int]:
-        """(running, waiting) requests: waiting ones queue for the prefill slot."""
-        _, queued = self.capacity.prefill.load()
-        queued = min(queued, self.inflight)
-        return self.inflight - queued, queued
-
-    def gen_throughput(self) -> float:
-        horizon = time.monotonic() - THROUGHPUT_WINDOW_SECS
-        with self._cond:
-            while self._recent and self._recent[0][0] < horizon:
-                self._recent.popleft()
-            return sum(n for _, n in self._recent) / THROUGHPUT_WINDOW_SECS
 
     def plan(
         self, request_id: str, input_ids: list[int], max_tokens: int | None, kv_json: str | None

@@ -174,7 +174,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
             if plan is not None:
                 plan.pace.close(served)
             self.engine.aborted.discard(rid)
-            self.engine.end(sent)
+            self.engine.end(plan.prompt_tokens if plan else 0, sent)
 
 
 def _abort(context: Any, code: str, message: str) -> NoReturn:
@@ -268,7 +268,7 @@ def serve(cfg: Config, ignored: list[str]) -> int:
     threading.Thread(target=_announce, args=(engine,), daemon=True).start()
     while not stop.wait(0.5):
         pass
-    log(f"Received {'/'.join(received)}: draining {engine.drain()} in-flight request(s)")
+    log(f"Received {'/'.join(received)}: draining {engine.start_draining()} in-flight request(s)")
     engine.wait_idle()
     server.stop(grace=5).wait()
     if channel is not None:
