@@ -4,17 +4,23 @@ tests/integration/test_vllm_worker_with_smg.py."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -242,3 +248,47 @@ def test_without_its_provider_library_the_worker_fails_like_libibverbs(tmp_path:
     proc = _run("--kv-transfer-config", NIXL % "kv_producer", env={"PDFAKE_PROVIDER_LIB": missing})
     assert proc.returncode == 1
     assert "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'" in proc.stderr
+
+
+def test_a_side_channel_host_not_on_this_host_is_named(tmp_path: Path) -> None:
+    provider = tmp_path / "libbnxt_re-rdmav34.so"
+    provider.write_bytes(b"")
+    env = {
+        "PDFAKE_PROVIDER_LIB": str(provider),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "192.0.2.1",  # TEST-NET-1: no host has it
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+    }
+    proc = _run("--port", "0", "--kv-transfer-config", NIXL % "kv_producer", env=env)
+    assert proc.returncode == 1
+    assert "cannot listen on 192.0.2.1:5600" in proc.stderr
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST must be an address of this host" in proc.stderr
+
+
+def test_not_serving_while_loading_then_serving_then_drains_on_sigterm(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    site = worker_tree_dir("vllm") / "site"
+    env = {"PYTHONPATH": str(site), "PDFAKE_WARMUP_SECS": "3", "PDFAKE_STATE": str(tmp_path)}
+    argv = ["-m", "vllm.entrypoints.grpc_server", "--model", "m", "--host", "127.0.0.1"]
+    proc = subprocess.Popen(
+        [sys.executable, *argv, "--port", str(port)],
+        env={**os.environ, **env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    seen = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and health_pb2.HealthCheckResponse.SERVING not in seen:
+            with contextlib.suppress(grpc.RpcError):  # not listening yet
+                seen.append(stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert seen[0] == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
+    assert proc.returncode == 0 and "Drained; shutting down." in stderr

@@ -13,6 +13,7 @@ SIGTERM/SIGINT: health goes NOT_SERVING, new requests are refused, in-flight one
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -42,6 +43,12 @@ TOKENIZER_PATH = "/opt/pdctl-lab/vllm/tokenizer"  # not on the router host: SMG 
 CHUNK_SIZE = 64 * 1024
 # UCX transports that move KV without RDMA (UCX_TLS); any other needs a verbs provider.
 TCP_TRANSPORTS = frozenset({"tcp", "self", "sm", "shm", "posix", "sysv", "cma"})
+_SIDE_CHANNEL_FIX = {
+    errno.EADDRINUSE: "Another worker on this host uses the port: give each worker its own "
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    errno.EADDRNOTAVAIL: "VLLM_NIXL_SIDE_CHANNEL_HOST must be an address of this host (one "
+    "the decode workers reach)",
+}
 
 
 class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
@@ -237,10 +244,10 @@ def serve(cfg: Config, ignored: list[str]) -> int:
         try:
             channel = SideChannel(cfg, engine.kv)
         except OSError as exc:
+            fix = _SIDE_CHANNEL_FIX.get(exc.errno or 0, "")
+            where = f"{cfg.side_host}:{cfg.side_port}"
             log(
-                f"NIXL side channel: cannot listen on {cfg.side_host}:{cfg.side_port}: "
-                f"{exc.strerror or exc}. Another worker on this host uses the port: give each "
-                "worker its own VLLM_NIXL_SIDE_CHANNEL_PORT",
+                f"NIXL side channel: cannot listen on {where}: {exc.strerror or exc}. {fix}",
                 "ERROR",
             )
             return 1
