@@ -1,9 +1,10 @@
-"""The lab's worker image: Debian's python3 plus the SGLang stand-in, as a docker-archive.
+"""The lab's worker images: Debian's python3 plus an engine stand-in, as docker-archives.
 
 Real clusters often load images from an archive (no registry in reach); the
-lab does the same: this archive is loaded into each GPU host's podman. It is
-built from the lab rootfs's own packages (no registry, no podman needed here)
-and cached by content.
+lab does the same: these archives are loaded into each GPU host's podman. They are
+built from the lab rootfs's own packages and the wheelhouse's wheels (no registry, no
+podman needed here) and cached by content. One image per engine: SGLang's stand-in and
+vLLM's (worker_tree.py says which Python files each holds).
 """
 
 from __future__ import annotations
@@ -15,19 +16,56 @@ import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from pdctl.lab import worker_tree
+from pdctl.lab.worker_tree import Engine
+from pdctl.versions import VLLM_STANDIN_PACKAGES
 from pdctl.workspace import cache_dir
 
-REPOSITORY = "localhost/pdctl-lab/sglang-rocm"
-# Two tags of the same content, so a rolling update can be shown by changing the tag.
-TAGS = ("0.5.4-lab", "0.5.5-lab")
-WORKER_IMAGE = f"{REPOSITORY}:{TAGS[0]}"
-ARCHIVE_NAME = "sglang-rocm-lab.tar"
+# What every image's base layer holds: these packages and what they depend on (per the
+# rootfs's dpkg database), less the package-management machinery a container never runs.
+# libstdc++6: grpcio's and protobuf's native modules (vLLM image) link it. The images share
+# that layer, so a host that loaded one image loads only the other's engine layer.
+_ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils", "libstdc++6")
 
-# What the image holds: these packages and what they depend on (per the rootfs's
-# dpkg database), less the package-management machinery a container never runs.
-_ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils")
+
+@dataclass(frozen=True)
+class WorkerImage:
+    engine: Engine
+    repository: str
+    # Two tags of the same content, so a rolling update can be shown by changing the tag.
+    tags: tuple[str, str]
+    archive_name: str
+    title: str
+    cmd: tuple[str, ...]
+    wheels: tuple[str, ...] = ()  # PyPI packages, from the wheelhouse
+
+    @property
+    def name(self) -> str:
+        return f"{self.repository}:{self.tags[0]}"
+
+
+SGLANG = WorkerImage(
+    engine="sglang",
+    repository="localhost/pdctl-lab/sglang-rocm",
+    tags=("0.5.4-lab", "0.5.5-lab"),
+    archive_name="sglang-rocm-lab.tar",
+    title="pdctl lab SGLang stand-in",
+    cmd=("python3", "-m", "sglang.launch_server", "--help"),
+)
+VLLM = WorkerImage(
+    engine="vllm",
+    repository="localhost/pdctl-lab/vllm-rocm",
+    tags=("0.11.0-lab", "0.11.1-lab"),
+    archive_name="vllm-rocm-lab.tar",
+    title="pdctl lab vLLM stand-in",
+    cmd=("vllm", "serve", "--help"),
+    wheels=tuple(VLLM_STANDIN_PACKAGES),
+)
+IMAGES = (SGLANG, VLLM)
+WORKER_IMAGE = SGLANG.name  # what `worker_image` has always named
 _EXCLUDED_PACKAGES = frozenset(
     {
         "dpkg",
@@ -50,6 +88,8 @@ _SKIP_PREFIXES = (
     "usr/lib/x86_64-linux-gnu/gconv",
     "usr/share/i18n",
 )
+# Where worker_tree's areas are in the image (Debian's python3 reads dist-packages).
+_AREAS = {"site": "usr/lib/python3/dist-packages", "bin": "usr/bin"}
 _SKIP_STDLIB = ("test", "idlelib", "tkinter", "ensurepip", "lib2to3", "pydoc_data", "turtledemo")
 # Debian's merged /usr: the top-level directories are links into /usr.
 _MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
@@ -109,27 +149,33 @@ def _wanted(path: str) -> bool:
     )
 
 
-def _sources_digest(rootfs: Path, worker_src: Path) -> str:
+def _digest(rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> str:
     digest = hashlib.sha256(rootfs.name.encode())
-    digest.update(json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), TAGS]).encode())
-    for file in sorted(worker_src.rglob("*.py")):
-        digest.update(file.name.encode() + file.read_bytes())
+    digest.update(json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), repr(spec)]).encode())
+    digest.update(worker_tree.digest(spec.engine, wheels).encode())
     return digest.hexdigest()[:16]
 
 
-def ensure_image(rootfs: Path, worker_src: Path) -> Path:
-    """Return the cached archive for this rootfs and stand-in, building it if needed."""
-    target = cache_dir() / "images" / _sources_digest(rootfs, worker_src) / ARCHIVE_NAME
-    if target.is_file():
+def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
+    """The directory holding every worker image's archive (IMAGES), built when missing."""
+    chosen = {spec: worker_tree.wheels_for(wheelhouse, spec.wheels) for spec in IMAGES}
+    key = hashlib.sha256("".join(_digest(rootfs, s, w) for s, w in chosen.items()).encode())
+    target = cache_dir() / "images" / key.hexdigest()[:16]
+    if all((target / spec.archive_name).is_file() for spec in IMAGES):
         return target
-    images = target.parent.parent
+    images = target.parent
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images) as tmp:
-        layer = Path(tmp) / "layer.tar"
-        _write_layer(layer, rootfs, worker_src)
-        _write_archive(Path(tmp) / ARCHIVE_NAME, layer)
-        target.parent.mkdir(exist_ok=True)
-        (Path(tmp) / ARCHIVE_NAME).replace(target)
+        base = Path(tmp) / "base.tar"
+        _write_base_layer(base, rootfs)
+        for spec, wheels in chosen.items():
+            layer = Path(tmp) / "engine.tar"
+            _write_engine_layer(layer, spec, wheels)
+            _write_archive(Path(tmp) / spec.archive_name, [base, layer], spec)
+            layer.unlink()
+        target.mkdir(exist_ok=True)
+        for spec in IMAGES:
+            (Path(tmp) / spec.archive_name).replace(target / spec.archive_name)
     return target
 
 
@@ -141,56 +187,67 @@ def _info(
     return info
 
 
-def _write_layer(layer: Path, rootfs: Path, worker_src: Path) -> None:
-    seen: set[str] = set()
-    with tarfile.open(layer, "w", format=tarfile.GNU_FORMAT) as tar:
+class _Layer:
+    """A layer tar being written: each path once, its parent directories first."""
 
-        def add_dirs(path: str) -> None:
-            parts = path.split("/")[:-1]
-            for depth in range(1, len(parts) + 1):
-                directory = "/".join(parts[:depth])
-                if directory not in seen:
-                    seen.add(directory)
-                    tar.addfile(_info(directory, tarfile.DIRTYPE, 0o755))
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+        self.seen: set[str] = set()
 
+    def dirs(self, path: str) -> None:
+        parts = path.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            directory = "/".join(parts[:depth])
+            if directory not in self.seen:
+                self.seen.add(directory)
+                self.tar.addfile(_info(directory, tarfile.DIRTYPE, 0o755))
+
+    def link(self, name: str, target: str) -> None:
+        self.seen.add(name)
+        link = _info(name, tarfile.SYMTYPE, 0o777)
+        link.linkname = target
+        self.tar.addfile(link)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self.dirs(name)
+        self.seen.add(name)
+        self.tar.addfile(_info(name, mode=mode, size=len(data)), io.BytesIO(data))
+
+
+def _write_base_layer(path: Path, rootfs: Path) -> None:
+    """Debian's python3 and what it needs, from the rootfs."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        layer = _Layer(tar)
         for top, target in _MERGED.items():
-            seen.add(top)
-            link = _info(top, tarfile.SYMTYPE, 0o777)
-            link.linkname = target
-            tar.addfile(link)
+            layer.link(top, target)
         for directory in ("tmp", "proc", "sys", "dev", "root", "etc", "run", "var/tmp"):
-            add_dirs(f"{directory}/x")
+            layer.dirs(f"{directory}/x")
         for raw in sorted(set(_package_files(rootfs))):
             name = _canonical(raw)
             source = rootfs / name
-            if name in seen or not _wanted(name) or not (source.is_symlink() or source.is_file()):
+            if name in layer.seen or not _wanted(name):
                 continue
-            add_dirs(name)
-            seen.add(name)
             if source.is_symlink():
-                link = _info(name, tarfile.SYMTYPE, 0o777)
-                link.linkname = str(source.readlink())
-                tar.addfile(link)
-            else:
-                with source.open("rb") as handle:
-                    stat = source.stat()
-                    tar.addfile(_info(name, mode=stat.st_mode & 0o7777, size=stat.st_size), handle)
-        extras = {**_ETC, "usr/bin/sh": None, "usr/bin/python": None}
-        for name, text in extras.items():
-            if name in seen:
-                continue
-            if text is None:
-                link = _info(name, tarfile.SYMTYPE, 0o777)
-                link.linkname = "dash" if name.endswith("/sh") else "python3.11"
-                tar.addfile(link)
-                continue
-            data = text.encode()
-            tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
-        package_dir = "usr/lib/python3/dist-packages/sglang"
-        add_dirs(f"{package_dir}/x")
-        for file in sorted(worker_src.glob("*.py")):
-            data = file.read_bytes()
-            tar.addfile(_info(f"{package_dir}/{file.name}", size=len(data)), io.BytesIO(data))
+                layer.dirs(name)
+                layer.link(name, str(source.readlink()))
+            elif source.is_file():
+                layer.file(name, source.read_bytes(), source.stat().st_mode & 0o7777)
+        for name, text in _ETC.items():
+            if name not in layer.seen:
+                layer.file(name, text.encode())
+        for name, target in (("usr/bin/sh", "dash"), ("usr/bin/python", "python3.11")):
+            if name not in layer.seen:
+                layer.link(name, target)
+
+
+def _write_engine_layer(path: Path, spec: WorkerImage, wheels: list[Path]) -> None:
+    """The engine's stand-in, entry points and wheels (worker_tree.py)."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        layer = _Layer(tar)
+        for entry in worker_tree.entries(spec.engine, wheels):
+            name = f"{_AREAS[entry.area]}/{entry.path}"
+            if name not in layer.seen:
+                layer.file(name, entry.data, entry.mode)
 
 
 def _sha256(path: Path) -> str:
@@ -201,9 +258,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_archive(archive: Path, layer: Path) -> None:
-    """docker-archive layout: manifest.json, <config>.json, <layer>/layer.tar."""
-    layer_id = _sha256(layer)
+def _write_archive(archive: Path, layers: list[Path], spec: WorkerImage) -> None:
+    """docker-archive layout: manifest.json, <config>.json, <layer>/layer.tar for each layer."""
+    layer_ids = [_sha256(layer) for layer in layers]
     config = json.dumps(
         {
             "architecture": "amd64",
@@ -215,12 +272,15 @@ def _write_archive(archive: Path, layer: Path) -> None:
                     "LANG=C.UTF-8",
                     "PYTHONUNBUFFERED=1",
                 ],
-                "Cmd": ["python3", "-m", "sglang.launch_server", "--help"],
+                "Cmd": list(spec.cmd),
                 "WorkingDir": "/",
-                "Labels": {"org.opencontainers.image.title": "pdctl lab SGLang stand-in"},
+                "Labels": {"org.opencontainers.image.title": spec.title},
             },
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
-            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "pdctl lab image"}],
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{i}" for i in layer_ids]},
+            "history": [
+                {"created": "1970-01-01T00:00:00Z", "created_by": f"pdctl lab image: {what}"}
+                for what in ("python3", spec.engine)
+            ],
         },
         sort_keys=True,
     ).encode()
@@ -229,13 +289,14 @@ def _write_archive(archive: Path, layer: Path) -> None:
         [
             {
                 "Config": f"{config_id}.json",
-                "RepoTags": [f"{REPOSITORY}:{tag}" for tag in TAGS],
-                "Layers": [f"{layer_id}/layer.tar"],
+                "RepoTags": [f"{spec.repository}:{tag}" for tag in spec.tags],
+                "Layers": [f"{i}/layer.tar" for i in layer_ids],
             }
         ]
     ).encode()
     with tarfile.open(archive, "w") as tar:
-        tar.addfile(_info(f"{layer_id}", tarfile.DIRTYPE, 0o755))
-        tar.add(layer, arcname=f"{layer_id}/layer.tar")
+        for layer, layer_id in zip(layers, layer_ids, strict=True):
+            tar.addfile(_info(f"{layer_id}", tarfile.DIRTYPE, 0o755))
+            tar.add(layer, arcname=f"{layer_id}/layer.tar")
         tar.addfile(_info(f"{config_id}.json", size=len(config)), io.BytesIO(config))
         tar.addfile(_info("manifest.json", size=len(manifest)), io.BytesIO(manifest))

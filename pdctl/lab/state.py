@@ -69,7 +69,7 @@ class FakeHardware(BaseModel):
     down_ports: list[str] = Field(default_factory=list)
     worker_unhealthy: bool = False
     worker_warmup_secs: float = 1.0
-    # The SGLang stand-in's capacity (pdctl/lab/worker/sglang/capacity.py): lab settings, not
+    # The stand-ins' capacity (pdctl/lab/worker/common/capacity.py): lab settings, not
     # faults, so `fault clear` keeps them.
     prefill_tokens_per_s: float = Field(default=8000.0, ge=0)
     decode_tokens_per_s: float = Field(default=400.0, ge=0)
