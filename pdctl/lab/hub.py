@@ -371,6 +371,10 @@ def write_settings(root: Path, rate: float | None, token: str | None) -> None:
     partial.replace(path)
 
 
+def read_settings(root: Path) -> dict[str, Any]:
+    return _read_json(root / "settings.json") or {}
+
+
 def read_downloads(root: Path) -> dict[str, Any]:
     return _read_json(root / "downloads.json") or {"downloads": {}, "bytes_served": 0}
 
