@@ -137,6 +137,7 @@ def test_worker_image_archives_are_loadable_docker_archives(
     assert members["usr/bin/python"].linkname == "python3.11"
     assert "usr/lib/python3/dist-packages/sglang/launch_server.py" in names  # the entry point
     assert "usr/lib/python3/dist-packages/pdlab_worker/common/capacity.py" in names
+    assert "usr/lib/python3/dist-packages/pdlab_worker/model_cache.py" in names
     assert "usr/lib/python3/dist-packages/grpc/__init__.py" not in names  # vLLM's only
     assert "video:x:44:" in layer_bytes.decode("latin-1")  # --group-add video needs the group
 

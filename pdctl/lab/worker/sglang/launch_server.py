@@ -69,6 +69,7 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+from .. import model_cache
 from ..common import runtime as common_runtime
 from ..common import settings
 from ..common.capacity import (
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=None)
     add("--trust-remote-code", action="store_true")
     add("--api-key", default=None)
+    add("--revision", default=None)  # of the model in the Hugging Face cache (model_cache.py)
     # SGLang's histogram bounds (docs/facts.md, SGLang workers, Metrics); default: SGLang's.
     add("--bucket-time-to-first-token", type=float, nargs="+", default=None)
     add("--bucket-inter-token-latency", type=float, nargs="+", default=None)
@@ -1148,6 +1150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     state = settings.state_file(os.environ)
     warmup = settings.warmup_secs(state.read())
+    refused = model_cache.load_model(cfg.model_path, args.revision, os.environ, state.read(), log)
+    if refused:
+        log(refused, "ERROR")
+        return 1
     runtime = Runtime(cfg, state, warmup)
     stop = threading.Event()
     received = install_signal_handlers(stop)

@@ -38,6 +38,7 @@ class KvTransfer:
 @dataclass(frozen=True)
 class Config:
     model: str
+    revision: str | None
     served_model_name: str
     host: str
     port: int
@@ -93,6 +94,7 @@ def _parser(prog: str, positional_model: bool, default_port: int) -> argparse.Ar
         add("model_tag", nargs="?", default=None, metavar="MODEL")
         add("--grpc", action="store_true", help="serve gRPC (the only mode this stand-in has)")
     add("--model", default=None)
+    add("--revision", default=None)  # of the model in the Hugging Face cache (model_cache.py)
     add("--served-model-name", nargs="+", default=None)
     add("--host", default="0.0.0.0")  # noqa: S104 - vLLM's own default: all interfaces
     add("--port", type=int, default=default_port)
@@ -132,6 +134,7 @@ def parse(
         raise UsageError("VLLM_NIXL_SIDE_CHANNEL_PORT must be a port number") from None
     cfg = Config(
         model=model,
+        revision=args.revision,
         served_model_name=(args.served_model_name or [model])[0],
         host=args.host,
         port=args.port,

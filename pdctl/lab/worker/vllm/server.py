@@ -32,6 +32,7 @@ from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
 
+from .. import model_cache
 from ..common import settings
 from ..common.devices import gpu_failure, missing_provider, nic_failure, verbs_warning
 from . import tokenizer
@@ -238,6 +239,10 @@ def serve(cfg: Config, ignored: list[str]) -> int:
         log(refused, "ERROR")
         return 1
     state = settings.state_file(os.environ)
+    refused = model_cache.load_model(cfg.model, cfg.revision, os.environ, state.read(), log)
+    if refused:
+        log(refused, "ERROR")
+        return 1
     engine = Engine(cfg, state, settings.warmup_secs(state.read()))
     channel: SideChannel | None = None
     if kv is not None:
