@@ -235,7 +235,8 @@ def _plain(command: _Command, *, launch: str | None) -> _Simple:
     if found or simple is None:
         if launch:
             raise CommandError(
-                f"the {launch} launch command must be a plain command of its own, but it has {found}",
+                f"the {launch} launch command must be a plain command of its own, "
+                f"but it has {found}",
                 hint,
             )
         raise CommandError(
@@ -250,9 +251,7 @@ def _plain(command: _Command, *, launch: str | None) -> _Simple:
 _Edit = tuple[int, int, str]
 
 
-def _last_line(
-    command: _Command, role: Literal["prefill", "decode"], launch: Launch | None
-) -> str:
+def _last_line(command: _Command, role: Literal["prefill", "decode"], launch: Launch | None) -> str:
     simple = _plain(command, launch=launch.name if launch is not None else None)
     edits = _exec_edits(simple)
     if launch is not None:
@@ -286,9 +285,7 @@ def _exec_edits(simple: _Simple) -> list[_Edit]:
     return [(first.start, first.start, "exec ")]
 
 
-def _port_edits(
-    simple: _Simple, role: Literal["prefill", "decode"], launch: Launch
-) -> list[_Edit]:
+def _port_edits(simple: _Simple, role: Literal["prefill", "decode"], launch: Launch) -> list[_Edit]:
     words = simple.words
     args = words[launch.at + 1 :]
     wanted = [("--port", PORT, True), ("--host", HOST, False)]

@@ -23,14 +23,21 @@ Engine = Literal["sglang", "vllm"]
 ENGINES: tuple[Engine, ...] = ("sglang", "vllm")
 Role = Literal["prefill", "decode"]
 # vLLM's kv_role values (KVTransferConfig) and the P/D role each gives a worker.
-KV_ROLES: dict[str, Role | None] = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": None}
+KV_ROLES: dict[str, Role | None] = {
+    "kv_producer": "prefill",
+    "kv_consumer": "decode",
+    "kv_both": None,
+}
 KV_CONFIG_FLAG = "--kv-transfer-config"
+_KV_EXAMPLE = f"""{KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'"""
 _KV_CONNECTOR = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 
 # `sglang.launch_server` after `-m` (or glued to it), or a path to launch_server(.py).
 SGLANG_WORD = re.compile(r"(?:-m)?(?:[\w.]*\.|\S*/)?launch_server(?:\.py)?")
 # vLLM's gRPC server module (deprecated in newer vLLM but present), or a path to it.
-_VLLM_GRPC_MODULE = re.compile(r"(?:-m)?vllm\.entrypoints\.grpc_server|\S*/vllm/entrypoints/grpc_server\.py")
+_VLLM_GRPC_MODULE = re.compile(
+    r"(?:-m)?vllm\.entrypoints\.grpc_server|\S*/vllm/entrypoints/grpc_server\.py"
+)
 # vLLM's HTTP (OpenAI) servers: SMG cannot route to them.
 _VLLM_HTTP_MODULE = re.compile(r"(?:-m)?vllm\.entrypoints\.(?:openai\.)?api_server(?:\.py)?")
 _VLLM_PROGRAM = re.compile(r"(?:\S*/)?vllm")
@@ -83,7 +90,9 @@ def find(values: list[str]) -> Launch | None:
         if _VLLM_PROGRAM.fullmatch(value) and values[at + 1 : at + 2] == ["serve"]:
             args = values[at + 2 :]
             if not any(arg == "--grpc" or arg.startswith("--grpc=") for arg in args):
-                raise LaunchError("`vllm serve` without --grpc starts vLLM's HTTP server", _GRPC_HINT)
+                raise LaunchError(
+                    "`vllm serve` without --grpc starts vLLM's HTTP server", _GRPC_HINT
+                )
             return _vllm(values, at + 1)
     return None
 
@@ -96,7 +105,7 @@ def _vllm(values: list[str], at: int) -> Launch:
         if name.startswith(f"{KV_CONFIG_FLAG}."):
             raise LaunchError(
                 f"`{name}`: pdctl reads the KV transfer config as one JSON value",
-                f"""write {KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'""",
+                f"write {_KV_EXAMPLE}",
             )
         if name != KV_CONFIG_FLAG:
             continue
@@ -110,15 +119,14 @@ def _vllm(values: list[str], at: int) -> Launch:
     if raw is None:
         raise LaunchError(
             f"a vLLM P/D worker needs {KV_CONFIG_FLAG} (its KV connector and kv_role)",
-            f"""add {KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}' """
-            "(kv_consumer for the decode group)",
+            f"add {_KV_EXAMPLE} (kv_consumer for the decode group)",
         )
     connector, role = _kv_config(raw)
     return Launch("vllm", at, kv_connector=connector, kv_role=role)
 
 
 def _kv_config(raw: str) -> tuple[str, str]:
-    hint = f"""write it as JSON in single quotes: {KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}}'"""
+    hint = f"write it as JSON in single quotes: {_KV_EXAMPLE}"
     if "$" in raw or "`" in raw:
         raise LaunchError(
             f"{KV_CONFIG_FLAG} holds a shell expansion: pdctl must read the connector and role",

@@ -169,7 +169,7 @@ class Actuator:
         )
 
     def register(self, slot: Slot) -> None:
-        self.router.add_worker(slot.url, slot.group, slot.bootstrap_port)
+        self.router.add_worker(slot.registration())
 
     def wait_in_service(self, slot: Slot, timeout: float = 60.0) -> None:
         """Until the router lists the worker as healthy. SMG answers a registration with 202
