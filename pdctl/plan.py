@@ -101,6 +101,11 @@ class Slot(BaseModel):
         scheme = "grpc" if self.engine == "vllm" else "http"
         return f"{scheme}://{self.address}:{self.port}"
 
+    def probe_url(self, path: str) -> str:
+        """What the roles' probe asks (templates/unit-probe.py): the spec's HTTP probe path,
+        or a vLLM worker's gRPC health (pdctl/grpc_health.py)."""
+        return self.url if self.engine == "vllm" else f"{self.url}{path}"
+
     def registration(self) -> dict[str, Any]:
         """The body of SMG's POST /workers for this slot (docs/facts.md, SMG worker API)."""
         body: dict[str, Any] = {"url": self.url, "worker_type": self.group}
@@ -233,6 +238,7 @@ class Plan(BaseModel):
                 "unit": slot.unit(self.service),
                 "url": slot.url,
                 "registration": slot.registration(),
+                "probe_url": slot.probe_url(self.probe.url),
                 "env": slot.env(),
                 "env_file": self.layout.slot_env(slot.group, slot.index),
             }
@@ -254,7 +260,7 @@ class Plan(BaseModel):
 
 
 # What extravars() adds to a slot's entry, derived from its fields.
-_DERIVED = frozenset({"unit", "env", "url", "registration", "env_file"})
+_DERIVED = frozenset({"unit", "env", "url", "registration", "probe_url", "env_file"})
 
 
 def plan_from_extravars(doc: dict[str, Any]) -> Plan:
