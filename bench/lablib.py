@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from pdctl.lab.host import SHARE_MOUNT
-from pdctl.lab.image import ARCHIVE_NAME
+from pdctl.lab.image import SGLANG
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
@@ -123,7 +123,7 @@ def spec_filling(hosts: int, cpu_hosts: int = 1) -> dict[str, Any]:
     example["replicas"] = [router, prefill, decode]
     # Each measured first deploy loads the image from the archive every lab host holds, as on
     # an air-gapped cluster (forget_images removes what the lab or an earlier deploy loaded).
-    example["pdctl"]["image_archive"] = f"{SHARE_MOUNT}/images/{ARCHIVE_NAME}"
+    example["pdctl"]["image_archive"] = f"{SHARE_MOUNT}/images/{SGLANG.archive_name}"
     return example
 
 

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -16,9 +17,24 @@ from typing import Any
 
 import pytest
 
+from pdctl.lab import worker_tree
 from pdctl.plan import Plan, listeners
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
+
+
+def worker_tree_dir(engine: worker_tree.Engine) -> Path:
+    """The lab image's Python files for ``engine`` (stand-ins and entry points, no wheels: the
+    venv has those packages) laid out once per content: ``site`` goes on PYTHONPATH."""
+    dest = Path(tempfile.gettempdir()) / f"pdctl-worker-{engine}-{worker_tree.digest(engine)}"
+    if not (dest / "site").is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=dest.parent))
+        worker_tree.write_tree(staging, engine)
+        try:
+            staging.rename(dest)
+        except OSError:  # another test process laid it out first
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest
 
 
 def pdctl(

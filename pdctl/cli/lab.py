@@ -33,7 +33,8 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
         for h in doc["hosts"]
     ]
     app.out.table(["host", "kind", "address", "gpus", "state", "faults"], rows)
-    app.out.line(f"worker image: {doc['worker_image']}   wheelhouse: {doc['wheelhouse']}")
+    images = "   ".join(f"{engine}: {name}" for engine, name in doc["worker_images"].items())
+    app.out.line(f"worker images: {images}   wheelhouse: {doc['wheelhouse']}")
     for line in doc["emulated"]:
         app.out.line(f"emulated: {line}")
     app.out.line("register these hosts as a fleet with:")

@@ -88,7 +88,7 @@ class Shared:
     rootfs: Path
     fakes: Path  # directory holding pdfake.py
     runtime: Path  # directory holding crun_clamp.py
-    image_archive: Path
+    images: Path  # directory holding the worker images' archives (image.py)
     wheelhouse: Path
     public_key: str
 
@@ -266,7 +266,7 @@ def _nspawn_argv(state: LabState, host: LabHost, paths: HostPaths, shared: Share
         f"--bind-ro={shared.fakes}:{SHARE_MOUNT}/fakes",
         f"--bind-ro={shared.runtime}:{SHARE_MOUNT}/runtime",
         f"--bind={paths.emulation}:{crun_clamp.LOG_DIR}",
-        f"--bind-ro={shared.image_archive.parent}:{SHARE_MOUNT}/images",
+        f"--bind-ro={shared.images}:{SHARE_MOUNT}/images",
         f"--bind-ro={shared.wheelhouse}:{SHARE_MOUNT}/wheelhouse",
     ]
     if host.kind == "gpu":

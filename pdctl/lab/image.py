@@ -1,9 +1,10 @@
-"""The lab's worker image: Debian's python3 plus the SGLang stand-in, as a docker-archive.
+"""The lab's worker images: Debian's python3 plus an engine stand-in, as docker-archives.
 
 Real clusters often load images from an archive (no registry in reach); the
-lab does the same: this archive is loaded into each GPU host's podman. It is
-built from the lab rootfs's own packages (no registry, no podman needed here)
-and cached by content.
+lab does the same: these archives are loaded into each GPU host's podman. They are
+built from the lab rootfs's own packages and the wheelhouse's wheels (no registry, no
+podman needed here) and cached by content. One image per engine: SGLang's stand-in and
+vLLM's (worker_tree.py says which Python files each holds).
 """
 
 from __future__ import annotations
@@ -15,19 +16,56 @@ import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from pdctl.lab import worker_tree
+from pdctl.lab.worker_tree import Engine
+from pdctl.versions import VLLM_STANDIN_PACKAGES
 from pdctl.workspace import cache_dir
 
-REPOSITORY = "localhost/pdctl-lab/sglang-rocm"
-# Two tags of the same content, so a rolling update can be shown by changing the tag.
-TAGS = ("0.5.4-lab", "0.5.5-lab")
-WORKER_IMAGE = f"{REPOSITORY}:{TAGS[0]}"
-ARCHIVE_NAME = "sglang-rocm-lab.tar"
-
-# What the image holds: these packages and what they depend on (per the rootfs's
+# What every image holds: these packages and what they depend on (per the rootfs's
 # dpkg database), less the package-management machinery a container never runs.
 _ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils")
+
+
+@dataclass(frozen=True)
+class WorkerImage:
+    engine: Engine
+    repository: str
+    # Two tags of the same content, so a rolling update can be shown by changing the tag.
+    tags: tuple[str, str]
+    archive_name: str
+    title: str
+    cmd: tuple[str, ...]
+    packages: tuple[str, ...] = ()  # Debian packages beyond _ROOT_PACKAGES
+    wheels: tuple[str, ...] = ()  # PyPI packages, from the wheelhouse
+
+    @property
+    def name(self) -> str:
+        return f"{self.repository}:{self.tags[0]}"
+
+
+SGLANG = WorkerImage(
+    engine="sglang",
+    repository="localhost/pdctl-lab/sglang-rocm",
+    tags=("0.5.4-lab", "0.5.5-lab"),
+    archive_name="sglang-rocm-lab.tar",
+    title="pdctl lab SGLang stand-in",
+    cmd=("python3", "-m", "sglang.launch_server", "--help"),
+)
+VLLM = WorkerImage(
+    engine="vllm",
+    repository="localhost/pdctl-lab/vllm-rocm",
+    tags=("0.11.0-lab", "0.11.1-lab"),
+    archive_name="vllm-rocm-lab.tar",
+    title="pdctl lab vLLM stand-in",
+    cmd=("vllm", "serve", "--help"),
+    packages=("libstdc++6",),  # grpcio's and protobuf's native modules link it
+    wheels=tuple(VLLM_STANDIN_PACKAGES),
+)
+IMAGES = (SGLANG, VLLM)
+WORKER_IMAGE = SGLANG.name  # what `worker_image` has always named
 _EXCLUDED_PACKAGES = frozenset(
     {
         "dpkg",
@@ -50,6 +88,8 @@ _SKIP_PREFIXES = (
     "usr/lib/x86_64-linux-gnu/gconv",
     "usr/share/i18n",
 )
+# Where worker_tree's areas are in the image (Debian's python3 reads dist-packages).
+_AREAS = {"site": "usr/lib/python3/dist-packages", "bin": "usr/bin"}
 _SKIP_STDLIB = ("test", "idlelib", "tkinter", "ensurepip", "lib2to3", "pydoc_data", "turtledemo")
 # Debian's merged /usr: the top-level directories are links into /usr.
 _MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
@@ -84,9 +124,9 @@ def _dependencies(rootfs: Path) -> dict[str, list[str]]:
     return graph
 
 
-def _package_files(rootfs: Path) -> Iterator[str]:
+def _package_files(rootfs: Path, spec: WorkerImage) -> Iterator[str]:
     graph = _dependencies(rootfs)
-    todo, chosen = list(_ROOT_PACKAGES), set[str]()
+    todo, chosen = [*_ROOT_PACKAGES, *spec.packages], set[str]()
     while todo:
         package = todo.pop()
         if package in chosen or package in _EXCLUDED_PACKAGES or package not in graph:
@@ -109,27 +149,31 @@ def _wanted(path: str) -> bool:
     )
 
 
-def _sources_digest(rootfs: Path, worker_src: Path) -> str:
+def _digest(rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> str:
     digest = hashlib.sha256(rootfs.name.encode())
-    digest.update(json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), TAGS]).encode())
-    for file in sorted(worker_src.rglob("*.py")):
-        digest.update(file.name.encode() + file.read_bytes())
+    digest.update(json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), repr(spec)]).encode())
+    digest.update(worker_tree.digest(spec.engine, wheels).encode())
     return digest.hexdigest()[:16]
 
 
-def ensure_image(rootfs: Path, worker_src: Path) -> Path:
-    """Return the cached archive for this rootfs and stand-in, building it if needed."""
-    target = cache_dir() / "images" / _sources_digest(rootfs, worker_src) / ARCHIVE_NAME
-    if target.is_file():
+def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
+    """The directory holding every worker image's archive (IMAGES), built when missing."""
+    chosen = {spec: worker_tree.wheels_for(wheelhouse, spec.wheels) for spec in IMAGES}
+    key = hashlib.sha256("".join(_digest(rootfs, s, w) for s, w in chosen.items()).encode())
+    target = cache_dir() / "images" / key.hexdigest()[:16]
+    if all((target / spec.archive_name).is_file() for spec in IMAGES):
         return target
-    images = target.parent.parent
+    images = target.parent
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images) as tmp:
-        layer = Path(tmp) / "layer.tar"
-        _write_layer(layer, rootfs, worker_src)
-        _write_archive(Path(tmp) / ARCHIVE_NAME, layer)
-        target.parent.mkdir(exist_ok=True)
-        (Path(tmp) / ARCHIVE_NAME).replace(target)
+        for spec, wheels in chosen.items():
+            layer = Path(tmp) / "layer.tar"
+            _write_layer(layer, rootfs, spec, wheels)
+            _write_archive(Path(tmp) / spec.archive_name, layer, spec)
+            layer.unlink()
+        target.mkdir(exist_ok=True)
+        for spec in IMAGES:
+            (Path(tmp) / spec.archive_name).replace(target / spec.archive_name)
     return target
 
 
@@ -141,7 +185,7 @@ def _info(
     return info
 
 
-def _write_layer(layer: Path, rootfs: Path, worker_src: Path) -> None:
+def _write_layer(layer: Path, rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> None:
     seen: set[str] = set()
     with tarfile.open(layer, "w", format=tarfile.GNU_FORMAT) as tar:
 
@@ -160,7 +204,7 @@ def _write_layer(layer: Path, rootfs: Path, worker_src: Path) -> None:
             tar.addfile(link)
         for directory in ("tmp", "proc", "sys", "dev", "root", "etc", "run", "var/tmp"):
             add_dirs(f"{directory}/x")
-        for raw in sorted(set(_package_files(rootfs))):
+        for raw in sorted(set(_package_files(rootfs, spec))):
             name = _canonical(raw)
             source = rootfs / name
             if name in seen or not _wanted(name) or not (source.is_symlink() or source.is_file()):
@@ -186,11 +230,13 @@ def _write_layer(layer: Path, rootfs: Path, worker_src: Path) -> None:
                 continue
             data = text.encode()
             tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
-        package_dir = "usr/lib/python3/dist-packages/sglang"
-        add_dirs(f"{package_dir}/x")
-        for file in sorted(worker_src.glob("*.py")):
-            data = file.read_bytes()
-            tar.addfile(_info(f"{package_dir}/{file.name}", size=len(data)), io.BytesIO(data))
+        for entry in worker_tree.entries(spec.engine, wheels):
+            name = f"{_AREAS[entry.area]}/{entry.path}"
+            if name in seen:
+                continue
+            add_dirs(name)
+            seen.add(name)
+            tar.addfile(_info(name, mode=entry.mode, size=len(entry.data)), io.BytesIO(entry.data))
 
 
 def _sha256(path: Path) -> str:
@@ -201,7 +247,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_archive(archive: Path, layer: Path) -> None:
+def _write_archive(archive: Path, layer: Path, spec: WorkerImage) -> None:
     """docker-archive layout: manifest.json, <config>.json, <layer>/layer.tar."""
     layer_id = _sha256(layer)
     config = json.dumps(
@@ -215,9 +261,9 @@ def _write_archive(archive: Path, layer: Path) -> None:
                     "LANG=C.UTF-8",
                     "PYTHONUNBUFFERED=1",
                 ],
-                "Cmd": ["python3", "-m", "sglang.launch_server", "--help"],
+                "Cmd": list(spec.cmd),
                 "WorkingDir": "/",
-                "Labels": {"org.opencontainers.image.title": "pdctl lab SGLang stand-in"},
+                "Labels": {"org.opencontainers.image.title": spec.title},
             },
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
             "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "pdctl lab image"}],
@@ -229,7 +275,7 @@ def _write_archive(archive: Path, layer: Path) -> None:
         [
             {
                 "Config": f"{config_id}.json",
-                "RepoTags": [f"{REPOSITORY}:{tag}" for tag in TAGS],
+                "RepoTags": [f"{spec.repository}:{tag}" for tag in spec.tags],
                 "Layers": [f"{layer_id}/layer.tar"],
             }
         ]

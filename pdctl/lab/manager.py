@@ -22,7 +22,6 @@ from pdctl.workspace import Workspace
 Progress = Callable[[str], None]
 MAX_HOSTS = 200
 BOOT_TIMEOUT = 180.0
-WORKER_SOURCE = Path(__file__).parent / "worker" / "sglang"
 FAKES_SOURCE = Path(__file__).parent / "fakes"
 RUNTIME_SOURCE = Path(crun_clamp.__file__).parent
 # Lab hosts have no internet: SMG and the scaler install from here (wheelhouse.py).
@@ -118,12 +117,13 @@ def up(
     lab = Lab(workspace)
     public_key = lab.ensure_key()
     base = rootfs.ensure_rootfs(progress)
+    wheels = wheelhouse.ensure_wheelhouse(progress)
     shared = Shared(
         rootfs=base,
         fakes=FAKES_SOURCE,
         runtime=RUNTIME_SOURCE,
-        image_archive=image.ensure_image(base, WORKER_SOURCE),
-        wheelhouse=wheelhouse.ensure_wheelhouse(progress),
+        images=image.ensure_images(base, wheels),
+        wheelhouse=wheels,
         public_key=public_key,
     )
     with registry.locked():
@@ -136,7 +136,7 @@ def up(
     for host in booting:
         progress(f"waiting for {host.name} to boot")
         lab_host.wait_ssh(host, lab.paths(host), deadline)
-    _load_worker_image(current, shared, progress)
+    _load_worker_images(current, progress)
     return status(workspace)
 
 
@@ -222,19 +222,19 @@ def _converge_hosts(
     return booting
 
 
-def _load_worker_image(lab: LabState, shared: Shared, progress: Progress) -> None:
-    archive = f"{SHARE_MOUNT}/images/{shared.image_archive.name}"
-
+def _load_worker_images(lab: LabState, progress: Progress) -> None:
     def load(host: LabHost) -> None:
-        exists = lab_host.exec_in(
-            host, ["podman", "image", "exists", image.WORKER_IMAGE], check=False
-        )
-        if exists.returncode != 0:
-            lab_host.exec_in(host, ["podman", "load", "--quiet", "--input", archive], timeout=300)
+        for spec in image.IMAGES:
+            exists = lab_host.exec_in(host, ["podman", "image", "exists", spec.name], check=False)
+            if exists.returncode != 0:
+                archive = f"{SHARE_MOUNT}/images/{spec.archive_name}"
+                lab_host.exec_in(
+                    host, ["podman", "load", "--quiet", "--input", archive], timeout=300
+                )
 
     gpu_hosts = [h for h in lab.hosts if h.kind == "gpu"]
     if gpu_hosts:
-        progress(f"loading the worker image into {len(gpu_hosts)} host(s)")
+        progress(f"loading the worker images into {len(gpu_hosts)} host(s)")
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(load, gpu_hosts))
 
@@ -266,7 +266,7 @@ def status(workspace: Workspace) -> dict[str, Any]:
     return {
         "hosts": doc_hosts,
         "worker_image": image.WORKER_IMAGE,
-        "worker_images": [f"{image.REPOSITORY}:{tag}" for tag in image.TAGS],
+        "worker_images": {spec.engine: spec.name for spec in image.IMAGES},
         "wheelhouse": WHEELHOUSE,
         "fleet_add": fleet_add_line(lab, hosts) if hosts else None,
         # What the hosts' runtimes granted in place of what units asked (crun_clamp.py).

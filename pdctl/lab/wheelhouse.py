@@ -1,4 +1,5 @@
-"""A local wheelhouse: the pinned SMG wheel, the scaler's packages, their dependencies.
+"""A local wheelhouse: the pinned SMG wheel, the scaler's packages, their dependencies, and
+the vLLM stand-in image's packages (image.py unpacks those into the image).
 
 Lab hosts, like many real GPU clusters, have no internet: the router and
 scaler roles install from this directory (mounted at /opt/pdctl-lab/wheelhouse).
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from pdctl.errors import EnvironmentProblem
 from pdctl.lab.system import run
-from pdctl.versions import SMG_VERSION, scaler_requirements
+from pdctl.versions import SMG_VERSION, VLLM_STANDIN_PACKAGES, scaler_requirements
 from pdctl.workspace import cache_dir
 
 # Lab hosts run Debian bookworm's python3 (3.11, glibc 2.36).
@@ -45,14 +46,18 @@ _PLATFORMS = [
 
 
 def ensure_wheelhouse(progress: Callable[[str], None]) -> Path:
-    wanted = [f"smg=={SMG_VERSION}", *scaler_requirements()]
+    standin = [f"{name}=={version}" for name, version in VLLM_STANDIN_PACKAGES.items()]
+    wanted = [f"smg=={SMG_VERSION}", *scaler_requirements(), *standin]
     digest = hashlib.sha256(" ".join(wanted).encode()).hexdigest()[:12]
     target = cache_dir() / "wheelhouse" / f"smg-{SMG_VERSION}-{digest}"
     stamp = target / ".complete"
     if stamp.is_file():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    progress(f"downloading smg=={SMG_VERSION}, the scaler's packages and their dependencies")
+    progress(
+        f"downloading smg=={SMG_VERSION}, the scaler's and the vLLM stand-in's packages "
+        "and their dependencies"
+    )
     platforms = [arg for platform in _PLATFORMS for arg in ("--platform", platform)]
     proc = run(
         [

@@ -24,8 +24,10 @@ from typing import Any
 
 import pytest
 
+from tests.support import worker_tree_dir
+
 ROOT = Path(__file__).resolve().parents[2]
-WORKER_DIR = ROOT / "pdctl" / "lab" / "worker"
+WORKER_DIR = worker_tree_dir("sglang") / "site"  # the image's layout (worker_tree.py)
 PROVIDER_NAME = "libbnxt_re-rdmav34.so"
 MODEL = "Qwen/Qwen3-8B"
 HOSTNAME = socket.gethostname()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from pdctl.lab import image, rootfs
-
-WORKER_SRC = Path(__file__).resolve().parents[2] / "pdctl/lab/worker/sglang"
+from pdctl.lab import image, rootfs, worker_tree
+from pdctl.versions import VLLM_STANDIN_PACKAGES
 
 
 def test_mirror_from_deb822_sources(tmp_path: Path) -> None:
@@ -78,29 +78,91 @@ def _fake_rootfs(root: Path) -> Path:
     return root
 
 
-def test_worker_image_archive_is_a_loadable_docker_archive(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
-    archive = image.ensure_image(_fake_rootfs(tmp_path / "rootfs"), WORKER_SRC)
-    assert image.ensure_image(tmp_path / "rootfs", WORKER_SRC) == archive  # cached
+def _fake_wheelhouse(root: Path) -> Path:
+    """One wheel per package the vLLM image takes, with pip's layout details in them."""
+    root.mkdir()
+    for name, version in VLLM_STANDIN_PACKAGES.items():
+        module = name.replace("-", "_")
+        with zipfile.ZipFile(root / f"{module}-{version}-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"{module}/__init__.py", f"# {name}\n")
+            wheel.writestr(f"{module}-{version}.dist-info/METADATA", f"Name: {name}\n")
+            wheel.writestr(f"{module}-{version}.data/purelib/{module}_extra.py", "# extra\n")
+            wheel.writestr(f"{module}-{version}.data/scripts/{module}-tool", "#!/bin/sh\n")
+    (root / "smg-1.13.0-cp38-abi3-manylinux_2_17_x86_64.whl").write_bytes(b"not taken")
+    return root
+
+
+def _layer(
+    tmp_path: Path, archive: Path, spec: image.WorkerImage
+) -> tuple[bytes, dict[str, tarfile.TarInfo]]:
+    """The archive's one layer (checked against its manifest and config) and its members."""
     with tarfile.open(archive) as outer:
         manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
-        assert manifest[0]["RepoTags"] == [f"{image.REPOSITORY}:{t}" for t in image.TAGS]
+        assert manifest[0]["RepoTags"] == [f"{spec.repository}:{t}" for t in spec.tags]
         config = json.load(outer.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
         layer_bytes = outer.extractfile(manifest[0]["Layers"][0]).read()  # type: ignore[union-attr]
     assert config["rootfs"]["diff_ids"] == [f"sha256:{hashlib.sha256(layer_bytes).hexdigest()}"]
-    layer_path = tmp_path / "layer.tar"
+    assert config["config"]["Cmd"] == list(spec.cmd)
+    layer_path = tmp_path / f"{spec.engine}-layer.tar"
     layer_path.write_bytes(layer_bytes)
     with tarfile.open(layer_path) as layer:
         names = layer.getnames()
         members = {m.name: m for m in layer.getmembers()}
     assert len(names) == len(set(names)), "a layer with duplicate paths is refused by podman"
+    return layer_bytes, members
+
+
+def test_worker_image_archives_are_loadable_docker_archives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
+    wheels = _fake_wheelhouse(tmp_path / "wheels")
+    folder = image.ensure_images(_fake_rootfs(tmp_path / "rootfs"), wheels)
+    assert image.ensure_images(tmp_path / "rootfs", wheels) == folder  # cached
+    assert sorted(p.name for p in folder.iterdir()) == sorted(s.archive_name for s in image.IMAGES)
+    layer_bytes, members = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
+    names = set(members)
     assert members["lib"].issym() and members["lib"].linkname == "usr/lib"
     assert "usr/lib/x86_64-linux-gnu/libc.so.6" in names  # /lib path stored under /usr
     assert "usr/lib/python3.11/os.py" in names
     assert "usr/lib/python3.11/test/big.py" not in names  # the stdlib's tests are left out
     assert "usr/bin/dpkg" not in names  # package machinery is left out
     assert members["usr/bin/python"].linkname == "python3.11"
-    assert "usr/lib/python3/dist-packages/sglang/launch_server.py" in names
+    assert "usr/lib/python3/dist-packages/sglang/launch_server.py" in names  # the entry point
+    assert "usr/lib/python3/dist-packages/pdlab_worker/common/capacity.py" in names
+    assert "usr/lib/python3/dist-packages/grpc/__init__.py" not in names  # vLLM's only
     assert "video:x:44:" in layer_bytes.decode("latin-1")  # --group-add video needs the group
+
+
+def test_vllm_image_holds_its_entry_points_and_unpacked_wheels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
+    folder = image.ensure_images(
+        _fake_rootfs(tmp_path / "rootfs"), _fake_wheelhouse(tmp_path / "w")
+    )
+    _, members = _layer(tmp_path, folder / image.VLLM.archive_name, image.VLLM)
+    site = "usr/lib/python3/dist-packages"
+    assert members["usr/bin/vllm"].mode == 0o755
+    assert f"{site}/vllm/entrypoints/grpc_server.py" in members
+    assert f"{site}/pdlab_worker/vllm/server.py" in members
+    assert f"{site}/sglang/launch_server.py" not in members  # SGLang's entry point is not here
+    for name in VLLM_STANDIN_PACKAGES:
+        module = name.replace("-", "_")
+        assert f"{site}/{module}/__init__.py" in members
+        assert f"{site}/{module}_extra.py" in members  # .data/purelib goes to site-packages
+        assert not any(f"{module}-tool" in m for m in members)  # scripts are not installed
+        assert any(m.startswith(f"{site}/{module}-") and m.endswith("/METADATA") for m in members)
+
+
+def test_image_wheels_must_be_in_the_wheelhouse(tmp_path: Path) -> None:
+    (tmp_path / "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.whl").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="no wheel of protobuf, smg-grpc-proto"):
+        worker_tree.wheels_for(tmp_path, ["grpcio", "protobuf", "smg_grpc_proto"])
+
+
+def test_smg_grpc_proto_pins_agree() -> None:
+    """The venv's smg-grpc-proto (the tests' stand-in) is the image's (versions.py)."""
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    pin = VLLM_STANDIN_PACKAGES["smg-grpc-proto"]
+    assert f'"smg-grpc-proto=={pin}"' in pyproject

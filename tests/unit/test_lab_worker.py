@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-WORKER_DIR = Path(__file__).resolve().parents[2] / "pdctl" / "lab" / "worker"
+from tests.support import worker_tree_dir
+
+WORKER_DIR = worker_tree_dir("sglang") / "site"  # the image's layout (worker_tree.py)
 PROVIDER_NAME = "libbnxt_re-rdmav34.so"
 PROVIDER_WARNING = (
     "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so': "

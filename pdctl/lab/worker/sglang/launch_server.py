@@ -54,11 +54,8 @@ import argparse
 import json
 import math
 import os
-import re
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -69,15 +66,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
-from .capacity import (
-    DEFAULT_DECODE_TOKEN_FLOOR_MS,
-    DEFAULT_DECODE_TOKENS_PER_S,
-    DEFAULT_PREFILL_TOKENS_PER_S,
+from ..common import settings
+from ..common.capacity import (
     E2E_BUCKETS,
     ITL_BUCKETS,
     TTFT_BUCKETS,
@@ -86,14 +80,12 @@ from .capacity import (
     Pace,
     Rates,
 )
+from ..common.devices import gpu_failure, missing_provider, nic_failure, verbs_warning
+from ..common.settings import StateFile
+from ..common.words import count_tokens, fit, pieces
 
 VERSION = "0.5.x-pdctl-lab"
-DEFAULT_PROVIDER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
-PROVIDER_DIRS = ("/usr/lib/x86_64-linux-gnu/libibverbs", "/usr/lib64/libibverbs")
-DEFAULT_STATE_FILE = "/etc/pd-fake/state.json"
 DEFAULT_BOOTSTRAP_PORT = 8998
-DEFAULT_WARMUP_SECS = 1.0
-DEFAULT_LATENCY_MS = 20.0
 MAX_MODEL_LEN = 32768
 MAX_TOTAL_NUM_TOKENS = 131072
 TOKENS_PER_RUNNING_REQUEST = 512  # KV tokens a running request is said to hold
@@ -266,159 +258,17 @@ def provider_failure(cfg: ServerConfig, env: Mapping[str, str]) -> ProviderFailu
         return None
     if cfg.transfer_backend in TCP_BACKENDS or env.get("MC_FORCE_TCP") == "1":
         return None
-    override = env.get("PDFAKE_PROVIDER_LIB")
-    if override:
-        if Path(override).exists():
-            return None
-        name = Path(override).name
-    else:
-        # As libibverbs: any provider in its directories serves its NIC (a ROCm image gets
-        # the host's mounted; CUDA images carry libmlx5 themselves).
-        if any(sorted(Path(d).glob("lib*-rdmav*.so")) for d in PROVIDER_DIRS):
-            return None
-        name = Path(DEFAULT_PROVIDER_LIB).name
+    name = missing_provider(env)
+    if name is None:
+        return None
     return ProviderFailure(
-        verbs_warning=f"libibverbs: Warning: couldn't load driver '{name}': {name}: "
-        "cannot open shared object file: No such file or directory",
+        verbs_warning=verbs_warning(name),
         error="Mooncake transfer engine initialization failed: no RDMA device found "
         f"(ibv_get_device_list returned 0 devices; backend={cfg.transfer_backend}, "
         f"ib_device={cfg.ib_device or 'auto'}). RuntimeError: Failed to initialize "
         "the KV transfer engine for disaggregation; mount the host's RDMA provider "
         "library or use a TCP transfer backend.",
     )
-
-
-DEV = Path("/dev")
-# Where the lab mounts its fake verbs tools into containers (real engine images ship
-# ibverbs-utils; the stand-in asks ibv_devices what libibverbs would enumerate).
-LAB_TOOLS = "/opt/pdctl-lab/bin"
-RENDER_MINOR_BASE = 128
-
-
-def _gpu_ids(text: str) -> list[int] | None:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    return sorted(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
-
-
-def _visible_gpus(dev: Path) -> tuple[str, set[int]]:
-    """('nvidia', /dev/nvidiaN numbers) when the NVIDIA control node is there, else ('amd',
-    renderD<128+N> numbers): the GPUs this container can open."""
-    if (dev / "nvidiactl").exists():
-        found = {int(p.name[6:]) for p in dev.glob("nvidia*") if p.name[6:].isdigit()}
-        return "nvidia", found
-    found = {
-        int(p.name[7:]) - RENDER_MINOR_BASE
-        for p in (dev / "dri").glob("renderD*")
-        if p.name[7:].isdigit()
-    }
-    return "amd", found
-
-
-def gpu_failure(env: Mapping[str, str], dev: Path = DEV) -> str | None:
-    """What CUDA/HIP would make of a container that lacks its slot's GPUs (PDCTL_GPU_IDS), or,
-    on NVIDIA, holds others' (CDI hands a container exactly the GPUs it names)."""
-    raw = env.get("PDCTL_GPU_IDS")
-    if raw is None:
-        return None
-    wanted = _gpu_ids(raw)
-    if wanted is None:
-        return f"PDCTL_GPU_IDS={raw!r} is not a comma-separated list of GPU ids"
-    vendor, seen = _visible_gpus(dev)
-    node = "/dev/nvidia{}" if vendor == "nvidia" else "/dev/dri/renderD{}"
-    offset = 0 if vendor == "nvidia" else RENDER_MINOR_BASE
-    missing = [g for g in wanted if g not in seen]
-    if missing:
-        names = ", ".join(node.format(g + offset) for g in missing)
-        runtime = "CUDA" if vendor == "nvidia" else "HIP"
-        return (
-            f"RuntimeError: {runtime} error: invalid device ordinal: this worker's GPUs "
-            f"{raw} need {names}, which the container does not have ({len(seen)} GPU(s) "
-            "visible); pass them to the container"
-            + (" (--device nvidia.com/gpu=N, CDI)" if vendor == "nvidia" else "")
-        )
-    extra = sorted(seen - set(wanted))
-    if vendor == "nvidia" and extra:
-        names = ", ".join(node.format(g) for g in extra)
-        return (
-            f"RuntimeError: the container sees GPUs outside its slot ({names}; slot GPUs "
-            f"{raw}): another worker's GPUs would be shared; give it only its own CDI devices"
-        )
-    return None
-
-
-def nic_failure(env: Mapping[str, str]) -> str | None:
-    """Every RDMA device of PDCTL_RDMA_DEVICES must be one libibverbs lists (ibv_devices)."""
-    wanted = [d.strip() for d in (env.get("PDCTL_RDMA_DEVICES") or "").split(",") if d.strip()]
-    if not wanted:
-        return None
-    path = os.pathsep.join([env.get("PATH") or "/usr/bin:/bin", LAB_TOOLS])
-    tool = shutil.which("ibv_devices", path=path)
-    if tool is None:
-        return "no RDMA device found: ibv_devices is not installed in the image"
-    proc = subprocess.run([tool], capture_output=True, text=True, timeout=20, check=False)
-    listed = {
-        line.split()[0]
-        for line in proc.stdout.splitlines()[2:]
-        if line.strip() and not line.strip().startswith("-")
-    }
-    missing = [d for d in wanted if d not in listed]
-    if not missing:
-        return None
-    return (
-        f"RuntimeError: Failed to open RDMA device(s) {', '.join(missing)} (ibv_get_device_list "
-        f"lists {', '.join(sorted(listed)) or 'none'}): check PDCTL_RDMA_DEVICES and that the "
-        "container has /dev/infiniband and the NIC's provider library"
-    )
-
-
-class StateFile:
-    """The lab's fault file, re-read only when its mtime or size changes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._key: tuple[int, int, int] | None = None
-        self._data: Json = {}
-
-    def read(self) -> Json:
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return {}
-        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        with self._lock:
-            if key == self._key:
-                return self._data
-        try:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            loaded = {}
-        data: Json = loaded if isinstance(loaded, dict) else {}
-        with self._lock:
-            self._key, self._data = key, data
-        return data
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def setting(env_name: str, state_key: str, default: float, state: Json) -> float:
-    """An environment override, else the state file's value, else the default."""
-    for candidate in (os.environ.get(env_name), state.get(state_key)):
-        number = _number(candidate)
-        if number is not None and number >= 0:
-            return number
-    return default
 
 
 # --------------------------------------------------------------------------- runtime state
@@ -451,37 +301,13 @@ class Runtime:
     def healthy(self) -> bool:
         if self._draining or not self.warm():
             return False
-        return self.state.read().get("worker_unhealthy") is not True
+        return not settings.unhealthy(self.state.read())
 
     def latency_secs(self) -> float:
-        return (
-            setting("PDFAKE_LATENCY_MS", "worker_latency_ms", DEFAULT_LATENCY_MS, self.state.read())
-            / 1000.0
-        )
+        return settings.latency_secs(self.state.read())
 
     def rates(self) -> Rates:
-        state = self.state.read()
-        floor_ms = setting(
-            "PDFAKE_DECODE_TOKEN_FLOOR_MS",
-            "decode_token_floor_ms",
-            DEFAULT_DECODE_TOKEN_FLOOR_MS,
-            state,
-        )
-        return Rates(
-            prefill_tokens_per_s=setting(
-                "PDFAKE_PREFILL_TOKENS_PER_S",
-                "prefill_tokens_per_s",
-                DEFAULT_PREFILL_TOKENS_PER_S,
-                state,
-            ),
-            decode_tokens_per_s=setting(
-                "PDFAKE_DECODE_TOKENS_PER_S",
-                "decode_tokens_per_s",
-                DEFAULT_DECODE_TOKENS_PER_S,
-                state,
-            ),
-            decode_floor_s=floor_ms / 1000.0,
-        )
+        return settings.rates(self.state.read())
 
     def load(self) -> tuple[int, int]:
         """(running, queued) generations: queued ones wait for the prefill slot."""
@@ -565,11 +391,6 @@ def token_limit(path: str, body: Json) -> int | None:
     return None
 
 
-def count_tokens(text: str) -> int:
-    """A deterministic token count: whitespace-separated words."""
-    return len(text.split())
-
-
 def content_text(content: object) -> str:
     """An OpenAI message content: a string, or a list of parts whose text parts count."""
     if isinstance(content, str):
@@ -613,14 +434,7 @@ def make_answer(cfg: ServerConfig, prompt: str, context: str, limit: int | None)
     text = f"[{who}] echo: {prompt}"
     if limit is None:
         return Answer(text, count_tokens(context), count_tokens(text))
-    words = text.split()
-    text = " ".join(words[i % len(words)] for i in range(limit))
-    return Answer(text, count_tokens(context), limit, "length")
-
-
-def pieces(text: str) -> list[str]:
-    """Stream deltas: one word (with its trailing space) at a time."""
-    return re.findall(r"\S+\s*", text)
+    return Answer(fit(text, limit), count_tokens(context), limit, "length")
 
 
 def usage(answer: Answer) -> Json:
@@ -1403,8 +1217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refused:
         log(refused, "ERROR")
         return 1
-    state = StateFile(Path(os.environ.get("PDFAKE_STATE") or DEFAULT_STATE_FILE))
-    warmup = setting("PDFAKE_WARMUP_SECS", "worker_warmup_secs", DEFAULT_WARMUP_SECS, state.read())
+    state = settings.state_file(os.environ)
+    warmup = settings.warmup_secs(state.read())
     runtime = Runtime(cfg, state, warmup)
     stop = threading.Event()
     received = install_signal_handlers(stop)
