@@ -152,3 +152,48 @@ def test_the_host_probe_asks_a_grpc_worker(server: int) -> None:
     port = closed.getsockname()[1]
     closed.close()
     assert _probe(f"grpc://127.0.0.1:{port}")["status"] == 0
+
+
+PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  vars_files: [{vars}]
+  vars:
+    pd_worker_grpc_health_src: {module}
+    pd_worker_probe_src: {probe}
+  tasks:
+    - name: Probe as the pd_worker role does
+      ansible.builtin.command:
+        argv: [python3, -c, "{{{{ _pd_worker_probe_script }}}}", "{url}", x.service, "5"]
+      register: probe
+    - name: Keep what it printed
+      ansible.builtin.copy:
+        content: "{{{{ probe.stdout }}}}"
+        dest: {out}
+        mode: "0600"
+"""
+
+
+def test_the_pd_worker_role_joins_the_call_and_the_probe(server: int, tmp_path: Path) -> None:
+    """The role's own variable (roles/pd_worker/vars/main.yml), rendered by Ansible: the two
+    texts joined by a real line break, so python3 runs them as one script."""
+    playbook = tmp_path / "probe.yml"
+    playbook.write_text(
+        PLAYBOOK.format(
+            vars=REPO / "roles/pd_worker/vars/main.yml",
+            module=REPO / "pdctl/grpc_health.py",
+            probe=REPO / "templates/unit-probe.py",
+            url=f"grpc://127.0.0.1:{server}",
+            out=tmp_path / "out.json",
+        )
+    )
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), str(playbook)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["status"] == 200
