@@ -12,6 +12,9 @@ the scaler) but the GPUs and vLLM itself.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -143,6 +146,37 @@ def test_scale_decode_to_two_still_serves(svc: Service) -> None:
     for text in ("one", "two", "three", "four"):  # round robin: both decodes answer
         status, body = chat(endpoint, text, key, timeout=20)
         assert status == 200, body
+
+
+def test_the_scale_playbook_probes_vllm_workers_over_grpc(svc: Service, tmp_path: Path) -> None:
+    """playbooks/scale.yml (the path for ops pipelines) at the count pdctl pinned: it waits on
+    each running decode's gRPC health through the roles' probe and registers them (409: they
+    are), then both still serve."""
+    plan = tmp_path / "plan.yml"
+    svc.pdctl("plan", str(SPEC), "--fleet", "lab", "-o", str(plan))
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run(
+        [
+            str(bin_dir / "ansible-playbook"),
+            *("-i", str(svc.lab.home / "inventories" / "lab")),
+            str(ROOT / "playbooks" / "scale.yml"),
+            *("-e", f"@{plan}", "-e", "pd_scale_group=decode", "-e", "pd_scale_replicas=2"),
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_NOCOLOR": "1",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            **svc.env,
+        },
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "Wait for each running slot's probe" in proc.stdout
+    assert svc.serving("decode") == 2
 
 
 class Client(threading.Thread):
