@@ -148,9 +148,11 @@ class Lab:
         check: bool = True,
         timeout: float = 120,
         stdin: str | None = None,
+        host: dict[str, Any] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a command on a lab host through the real ssh client."""
-        host = self.host(name)
+        """Run a command on a lab host through the real ssh client (``host``: the host's entry
+        of an earlier status(), which saves asking pdctl again)."""
+        host = host or self.host(name)
         argv = [
             "ssh",
             "-i",

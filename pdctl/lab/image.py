@@ -24,9 +24,11 @@ from pdctl.lab.worker_tree import Engine
 from pdctl.versions import VLLM_STANDIN_PACKAGES
 from pdctl.workspace import cache_dir
 
-# What every image holds: these packages and what they depend on (per the rootfs's
-# dpkg database), less the package-management machinery a container never runs.
-_ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils")
+# What every image's base layer holds: these packages and what they depend on (per the
+# rootfs's dpkg database), less the package-management machinery a container never runs.
+# libstdc++6: grpcio's and protobuf's native modules (vLLM image) link it. The images share
+# that layer, so a host that loaded one image loads only the other's engine layer.
+_ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils", "libstdc++6")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,6 @@ class WorkerImage:
     archive_name: str
     title: str
     cmd: tuple[str, ...]
-    packages: tuple[str, ...] = ()  # Debian packages beyond _ROOT_PACKAGES
     wheels: tuple[str, ...] = ()  # PyPI packages, from the wheelhouse
 
     @property
@@ -61,7 +62,6 @@ VLLM = WorkerImage(
     archive_name="vllm-rocm-lab.tar",
     title="pdctl lab vLLM stand-in",
     cmd=("vllm", "serve", "--help"),
-    packages=("libstdc++6",),  # grpcio's and protobuf's native modules link it
     wheels=tuple(VLLM_STANDIN_PACKAGES),
 )
 IMAGES = (SGLANG, VLLM)
@@ -124,9 +124,9 @@ def _dependencies(rootfs: Path) -> dict[str, list[str]]:
     return graph
 
 
-def _package_files(rootfs: Path, spec: WorkerImage) -> Iterator[str]:
+def _package_files(rootfs: Path) -> Iterator[str]:
     graph = _dependencies(rootfs)
-    todo, chosen = [*_ROOT_PACKAGES, *spec.packages], set[str]()
+    todo, chosen = list(_ROOT_PACKAGES), set[str]()
     while todo:
         package = todo.pop()
         if package in chosen or package in _EXCLUDED_PACKAGES or package not in graph:
@@ -166,10 +166,12 @@ def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
     images = target.parent
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images) as tmp:
+        base = Path(tmp) / "base.tar"
+        _write_base_layer(base, rootfs)
         for spec, wheels in chosen.items():
-            layer = Path(tmp) / "layer.tar"
-            _write_layer(layer, rootfs, spec, wheels)
-            _write_archive(Path(tmp) / spec.archive_name, layer, spec)
+            layer = Path(tmp) / "engine.tar"
+            _write_engine_layer(layer, spec, wheels)
+            _write_archive(Path(tmp) / spec.archive_name, [base, layer], spec)
             layer.unlink()
         target.mkdir(exist_ok=True)
         for spec in IMAGES:
@@ -185,58 +187,67 @@ def _info(
     return info
 
 
-def _write_layer(layer: Path, rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> None:
-    seen: set[str] = set()
-    with tarfile.open(layer, "w", format=tarfile.GNU_FORMAT) as tar:
+class _Layer:
+    """A layer tar being written: each path once, its parent directories first."""
 
-        def add_dirs(path: str) -> None:
-            parts = path.split("/")[:-1]
-            for depth in range(1, len(parts) + 1):
-                directory = "/".join(parts[:depth])
-                if directory not in seen:
-                    seen.add(directory)
-                    tar.addfile(_info(directory, tarfile.DIRTYPE, 0o755))
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+        self.seen: set[str] = set()
 
+    def dirs(self, path: str) -> None:
+        parts = path.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            directory = "/".join(parts[:depth])
+            if directory not in self.seen:
+                self.seen.add(directory)
+                self.tar.addfile(_info(directory, tarfile.DIRTYPE, 0o755))
+
+    def link(self, name: str, target: str) -> None:
+        self.seen.add(name)
+        link = _info(name, tarfile.SYMTYPE, 0o777)
+        link.linkname = target
+        self.tar.addfile(link)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self.dirs(name)
+        self.seen.add(name)
+        self.tar.addfile(_info(name, mode=mode, size=len(data)), io.BytesIO(data))
+
+
+def _write_base_layer(path: Path, rootfs: Path) -> None:
+    """Debian's python3 and what it needs, from the rootfs."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        layer = _Layer(tar)
         for top, target in _MERGED.items():
-            seen.add(top)
-            link = _info(top, tarfile.SYMTYPE, 0o777)
-            link.linkname = target
-            tar.addfile(link)
+            layer.link(top, target)
         for directory in ("tmp", "proc", "sys", "dev", "root", "etc", "run", "var/tmp"):
-            add_dirs(f"{directory}/x")
-        for raw in sorted(set(_package_files(rootfs, spec))):
+            layer.dirs(f"{directory}/x")
+        for raw in sorted(set(_package_files(rootfs))):
             name = _canonical(raw)
             source = rootfs / name
-            if name in seen or not _wanted(name) or not (source.is_symlink() or source.is_file()):
+            if name in layer.seen or not _wanted(name):
                 continue
-            add_dirs(name)
-            seen.add(name)
             if source.is_symlink():
-                link = _info(name, tarfile.SYMTYPE, 0o777)
-                link.linkname = str(source.readlink())
-                tar.addfile(link)
-            else:
-                with source.open("rb") as handle:
-                    stat = source.stat()
-                    tar.addfile(_info(name, mode=stat.st_mode & 0o7777, size=stat.st_size), handle)
-        extras = {**_ETC, "usr/bin/sh": None, "usr/bin/python": None}
-        for name, text in extras.items():
-            if name in seen:
-                continue
-            if text is None:
-                link = _info(name, tarfile.SYMTYPE, 0o777)
-                link.linkname = "dash" if name.endswith("/sh") else "python3.11"
-                tar.addfile(link)
-                continue
-            data = text.encode()
-            tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
+                layer.dirs(name)
+                layer.link(name, str(source.readlink()))
+            elif source.is_file():
+                layer.file(name, source.read_bytes(), source.stat().st_mode & 0o7777)
+        for name, text in _ETC.items():
+            if name not in layer.seen:
+                layer.file(name, text.encode())
+        for name, target in (("usr/bin/sh", "dash"), ("usr/bin/python", "python3.11")):
+            if name not in layer.seen:
+                layer.link(name, target)
+
+
+def _write_engine_layer(path: Path, spec: WorkerImage, wheels: list[Path]) -> None:
+    """The engine's stand-in, entry points and wheels (worker_tree.py)."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        layer = _Layer(tar)
         for entry in worker_tree.entries(spec.engine, wheels):
             name = f"{_AREAS[entry.area]}/{entry.path}"
-            if name in seen:
-                continue
-            add_dirs(name)
-            seen.add(name)
-            tar.addfile(_info(name, mode=entry.mode, size=len(entry.data)), io.BytesIO(entry.data))
+            if name not in layer.seen:
+                layer.file(name, entry.data, entry.mode)
 
 
 def _sha256(path: Path) -> str:
@@ -247,9 +258,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_archive(archive: Path, layer: Path, spec: WorkerImage) -> None:
-    """docker-archive layout: manifest.json, <config>.json, <layer>/layer.tar."""
-    layer_id = _sha256(layer)
+def _write_archive(archive: Path, layers: list[Path], spec: WorkerImage) -> None:
+    """docker-archive layout: manifest.json, <config>.json, <layer>/layer.tar for each layer."""
+    layer_ids = [_sha256(layer) for layer in layers]
     config = json.dumps(
         {
             "architecture": "amd64",
@@ -265,8 +276,11 @@ def _write_archive(archive: Path, layer: Path, spec: WorkerImage) -> None:
                 "WorkingDir": "/",
                 "Labels": {"org.opencontainers.image.title": spec.title},
             },
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
-            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "pdctl lab image"}],
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{i}" for i in layer_ids]},
+            "history": [
+                {"created": "1970-01-01T00:00:00Z", "created_by": f"pdctl lab image: {what}"}
+                for what in ("python3", spec.engine)
+            ],
         },
         sort_keys=True,
     ).encode()
@@ -276,12 +290,13 @@ def _write_archive(archive: Path, layer: Path, spec: WorkerImage) -> None:
             {
                 "Config": f"{config_id}.json",
                 "RepoTags": [f"{spec.repository}:{tag}" for tag in spec.tags],
-                "Layers": [f"{layer_id}/layer.tar"],
+                "Layers": [f"{i}/layer.tar" for i in layer_ids],
             }
         ]
     ).encode()
     with tarfile.open(archive, "w") as tar:
-        tar.addfile(_info(f"{layer_id}", tarfile.DIRTYPE, 0o755))
-        tar.add(layer, arcname=f"{layer_id}/layer.tar")
+        for layer, layer_id in zip(layers, layer_ids, strict=True):
+            tar.addfile(_info(f"{layer_id}", tarfile.DIRTYPE, 0o755))
+            tar.add(layer, arcname=f"{layer_id}/layer.tar")
         tar.addfile(_info(f"{config_id}.json", size=len(config)), io.BytesIO(config))
         tar.addfile(_info("manifest.json", size=len(manifest)), io.BytesIO(manifest))

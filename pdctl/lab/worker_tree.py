@@ -97,19 +97,54 @@ def wheel_files(wheels: Iterable[Path]) -> Iterator[Entry]:
                     yield Entry("site", target, archive.read(info), mode | 0o644)
 
 
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _project(wheel: Path) -> str:
     """A wheel file's project name, normalized (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    return _normalize(wheel.name.split("-")[0])
+
+
+def _requirements(wheel: Path) -> list[tuple[str, bool]]:
+    """(project, conditional) of each Requires-Dist in the wheel's METADATA; requirements of
+    extras are left out (the image installs none)."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = archive.read(metadata).decode() if metadata else ""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement, _, marker = line.removeprefix("Requires-Dist:").partition(";")
+        if "extra" in marker:
+            continue
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+        if name:
+            found.append((_normalize(name.group(1)), bool(marker.strip())))
+    return found
 
 
 def wheels_for(wheelhouse: Path, packages: Iterable[str]) -> list[Path]:
-    """The wheelhouse's wheel of each package (its pinned version is the only one there)."""
-    wanted = {re.sub(r"[-_.]+", "-", p).lower() for p in packages}
-    found = sorted(w for w in wheelhouse.glob("*.whl") if _project(w) in wanted)
-    missing = wanted - {_project(w) for w in found}
+    """The wheelhouse's wheels of ``packages`` and of what they require (pip resolved the
+    wheelhouse: one version of each project is there)."""
+    available = {_project(w): w for w in wheelhouse.glob("*.whl")}
+    chosen: dict[str, Path] = {}
+    todo = [(_normalize(p), False) for p in packages]
+    missing = []
+    while todo:
+        name, conditional = todo.pop()
+        if name in chosen:
+            continue
+        if name not in available:
+            if not conditional:  # a marker pip did not meet (another Python, say)
+                missing.append(name)
+            continue
+        chosen[name] = available[name]
+        todo.extend(_requirements(available[name]))
     if missing:
         raise FileNotFoundError(f"no wheel of {', '.join(sorted(missing))} in {wheelhouse}")
-    return found
+    return sorted(chosen.values())
 
 
 def entries(engine: Engine, wheels: Iterable[Path] = ()) -> list[Entry]:

@@ -11,8 +11,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from smg_grpc_proto import vllm_engine_pb2 as pb
+from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
+from pdctl.lab.worker.vllm import tokenizer
+from tests.integration.test_worker_with_smg import wait_for
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
 
 PROVIDER_WARNING = "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'"
@@ -35,6 +41,10 @@ def test_status_contract(lab3: Lab) -> None:
         assert Path(host["identity_file"]).is_file()
     assert [h["gpus"] for h in doc["hosts"]] == [0, 8, 8]
     assert doc["worker_image"].startswith("localhost/pdctl-lab/sglang-rocm:")
+    assert doc["worker_images"] == {
+        "sglang": doc["worker_image"],
+        "vllm": "localhost/pdctl-lab/vllm-rocm:0.11.0-lab",
+    }
     assert doc["fleet_add"].startswith("pdctl fleet add lab --identity-file ")
 
 
@@ -299,3 +309,86 @@ def test_up_recovers_from_a_killed_lab(tmp_path: Path) -> None:
     assert lab.ssh("node1", "echo alive").stdout.strip() == "alive"
     pdctl(tmp_path, "lab", "down")
     assert _leftovers(tmp_path)["mounts"] == []
+
+
+VLLM_PROVIDER_MOUNT = (
+    "-v /usr/lib64/libibverbs/libbnxt_re-rdmav34.so:"
+    "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so:ro"
+)
+VLLM_KV = '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"%s"}\''
+
+
+def _vllm_health(address: str, port: int) -> int | None:
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"{address}:{port}"))
+    try:
+        return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status)
+    except grpc.RpcError:
+        return None
+
+
+def test_vllm_image_runs_p_and_d_on_two_lab_hosts(lab3: Lab) -> None:
+    """Both tags of the vLLM image are loaded; a prefill (``vllm serve --grpc``) on node2 and a
+    decode (``python3 -m vllm.entrypoints.grpc_server``) on node3 serve gRPC, and the decode
+    fetches the prefill's KV over node2's side channel. Without the provider library the image
+    refuses to start. (SMG routing the same stand-in: test_vllm_worker_with_smg.py.)"""
+    status = lab3.status()
+    hosts = {h["name"]: h for h in status["hosts"]}
+    node2, node3 = hosts["node2"]["address"], hosts["node3"]["address"]
+    vllm = status["worker_images"]["vllm"]
+    other_tag = vllm.replace(":0.11.0-lab", ":0.11.1-lab")
+
+    def root(node: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return lab3.ssh(node, command, user="root", check=check, host=hosts[node])
+
+    def start(node: str, name: str, image: str, command: str) -> None:
+        side = f"-e VLLM_NIXL_SIDE_CHANNEL_HOST={hosts[node]['address']}"
+        options = f"--rm --name {name} --network host {VLLM_PROVIDER_MOUNT} {side}"
+        root(node, f"podman run -d {options} {image} {command} -tp 4 --block-size 128")
+
+    try:
+        serve = "vllm serve lab/tiny-llama --grpc --port 50100"
+        start("node2", "vlab-prefill", vllm, f"{serve} {VLLM_KV % 'kv_producer'}")
+        module = "python3 -m vllm.entrypoints.grpc_server --model lab/tiny-llama"
+        start("node3", "vlab-decode", other_tag, f"{module} --port 50101 {VLLM_KV % 'kv_consumer'}")
+        bare = f"podman run --rm --network host {vllm} {module} --port 50102"
+        refused = root("node3", f"{bare} {VLLM_KV % 'kv_consumer'}", check=False)
+        assert refused.returncode != 0
+        assert PROVIDER_WARNING in refused.stderr + refused.stdout
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for address, port in ((node2, 50100), (node3, 50101)):
+            wait_for(lambda a=address, p=port: _vllm_health(a, p) == serving, 60, 0.3)
+        prompt = [tokenizer.USER, *(i for w in tokenizer.encode_words("hi lab") for i in w)]
+        prefill = pb_grpc.VllmEngineStub(grpc.insecure_channel(f"{node2}:50100"))
+        (first,) = prefill.Generate(
+            pb.GenerateRequest(
+                request_id="lab-1",
+                tokenized=pb.TokenizedInput(input_ids=prompt),
+                sampling_params=pb.SamplingParams(max_tokens=1),
+                kv_transfer_params_json=json.dumps({"do_remote_decode": True}),
+            ),
+            timeout=20,
+        )
+        handoff = json.loads(first.complete.kv_transfer_params_json)
+        assert (handoff["remote_host"], handoff["remote_port"]) == (node2, 5600)
+        decode = pb_grpc.VllmEngineStub(grpc.insecure_channel(f"{node3}:50101"))
+        ids = [
+            i
+            for reply in decode.Generate(
+                pb.GenerateRequest(
+                    request_id="lab-1",
+                    tokenized=pb.TokenizedInput(input_ids=prompt),
+                    stream=True,
+                    kv_transfer_params_json=first.complete.kv_transfer_params_json,
+                ),
+                timeout=20,
+            )
+            for i in reply.chunk.token_ids
+        ]
+        answer = tokenizer.decode(ids)
+        assert answer.startswith("[decode ")
+        assert answer.endswith(":50101 model=lab/tiny-llama] echo: hi lab")
+        logs = root("node2", "podman logs vlab-prefill")
+        assert f"NIXL side channel: {node3} fetched lab-1: True" in logs.stdout + logs.stderr
+    finally:
+        for node, name in (("node2", "vlab-prefill"), ("node3", "vlab-decode")):
+            root(node, f"podman rm -f -t 0 {name}", check=False)

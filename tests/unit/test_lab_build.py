@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import tarfile
 import zipfile
@@ -95,21 +96,25 @@ def _fake_wheelhouse(root: Path) -> Path:
 def _layer(
     tmp_path: Path, archive: Path, spec: image.WorkerImage
 ) -> tuple[bytes, dict[str, tarfile.TarInfo]]:
-    """The archive's one layer (checked against its manifest and config) and its members."""
+    """The archive's layers (checked against its manifest and config): the first one's bytes
+    and every layer's members."""
     with tarfile.open(archive) as outer:
         manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
         assert manifest[0]["RepoTags"] == [f"{spec.repository}:{t}" for t in spec.tags]
         config = json.load(outer.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
-        layer_bytes = outer.extractfile(manifest[0]["Layers"][0]).read()  # type: ignore[union-attr]
-    assert config["rootfs"]["diff_ids"] == [f"sha256:{hashlib.sha256(layer_bytes).hexdigest()}"]
+        layers = [outer.extractfile(name).read() for name in manifest[0]["Layers"]]  # type: ignore[union-attr]
+    assert config["rootfs"]["diff_ids"] == [
+        f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers
+    ]
+    assert len(config["history"]) == len(layers) == 2  # python3, then the engine
     assert config["config"]["Cmd"] == list(spec.cmd)
-    layer_path = tmp_path / f"{spec.engine}-layer.tar"
-    layer_path.write_bytes(layer_bytes)
-    with tarfile.open(layer_path) as layer:
-        names = layer.getnames()
-        members = {m.name: m for m in layer.getmembers()}
-    assert len(names) == len(set(names)), "a layer with duplicate paths is refused by podman"
-    return layer_bytes, members
+    members: dict[str, tarfile.TarInfo] = {}
+    for index, layer_bytes in enumerate(layers):
+        with tarfile.open(fileobj=io.BytesIO(layer_bytes)) as layer:
+            names = layer.getnames()
+            assert len(names) == len(set(names)), "podman refuses a layer with duplicate paths"
+            members |= {m.name: m for m in layer.getmembers() if not m.isdir() or index == 0}
+    return layers[0], members
 
 
 def test_worker_image_archives_are_loadable_docker_archives(
@@ -121,6 +126,8 @@ def test_worker_image_archives_are_loadable_docker_archives(
     assert image.ensure_images(tmp_path / "rootfs", wheels) == folder  # cached
     assert sorted(p.name for p in folder.iterdir()) == sorted(s.archive_name for s in image.IMAGES)
     layer_bytes, members = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
+    vllm_base, _ = _layer(tmp_path, folder / image.VLLM.archive_name, image.VLLM)
+    assert vllm_base == layer_bytes  # one base layer: a host loads it once for both images
     names = set(members)
     assert members["lib"].issym() and members["lib"].linkname == "usr/lib"
     assert "usr/lib/x86_64-linux-gnu/libc.so.6" in names  # /lib path stored under /usr
@@ -155,10 +162,27 @@ def test_vllm_image_holds_its_entry_points_and_unpacked_wheels(
         assert any(m.startswith(f"{site}/{module}-") and m.endswith("/METADATA") for m in members)
 
 
-def test_image_wheels_must_be_in_the_wheelhouse(tmp_path: Path) -> None:
-    (tmp_path / "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.whl").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="no wheel of protobuf, smg-grpc-proto"):
-        worker_tree.wheels_for(tmp_path, ["grpcio", "protobuf", "smg_grpc_proto"])
+def _wheel(folder: Path, name: str, *requires: str) -> Path:
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        lines = [f"Name: {name}", *(f"Requires-Dist: {r}" for r in requires)]
+        wheel.writestr(f"{name}-1.0.dist-info/METADATA", "\n".join(lines) + "\n")
+    return path
+
+
+def test_image_wheels_are_the_packages_and_what_they_require(tmp_path: Path) -> None:
+    grpcio = _wheel(
+        tmp_path,
+        "grpcio",
+        "typing-extensions~=4.12",
+        "grpcio-tools>=1.85 ; extra == 'protobuf'",  # an extra: not installed
+        "futures ; python_version < '3.2'",  # a marker pip did not meet: not in the wheelhouse
+    )
+    with pytest.raises(FileNotFoundError, match="no wheel of smg-grpc-proto, typing-extensions"):
+        worker_tree.wheels_for(tmp_path, ["grpcio", "smg_grpc_proto"])
+    typing = _wheel(tmp_path, "typing_extensions")
+    _wheel(tmp_path, "unrelated")
+    assert worker_tree.wheels_for(tmp_path, ["GRPCIO"]) == [grpcio, typing]
 
 
 def test_smg_grpc_proto_pins_agree() -> None:
