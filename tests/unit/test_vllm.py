@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl import sharing
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
@@ -251,3 +252,21 @@ def test_a_side_channel_past_the_last_port_is_refused() -> None:
     text = spec_text(extra="pdctl:\n  ports: {side_channel_base: 65534}\n")
     with pytest.raises(InputError, match="NIXL side channel"):
         plan_of(text)
+
+
+def test_a_hosts_vllm_side_channels_are_held() -> None:
+    """What a host shows of a vLLM service no stored plan explains (holdings_probe.py's
+    report): its side channel ports, as many as the slot's GPUs, and nothing hostile."""
+    values = {
+        "PDCTL_GPU_IDS": "4,5",
+        "PDCTL_PORT": "31000",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5602",
+    }
+    text = json.dumps({"slots": [["a", "decode-1", values]], "listeners": []})
+    assert Held("a", "h1", "decode/1's NIXL side channel", ports=(5602, 5603)) in set(
+        sharing.parse_report("h1", text)
+    )
+    for bad in ("5602\nX=1", "99999", "-1", "0x10"):
+        values["VLLM_NIXL_SIDE_CHANNEL_PORT"] = bad
+        text = json.dumps({"slots": [["a", "decode-1", values]], "listeners": []})
+        assert not [h for h in sharing.parse_report("h1", text) if "side channel" in h.what]
