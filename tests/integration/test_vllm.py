@@ -100,8 +100,17 @@ def stream_chat(endpoint: str, text: str, key: str) -> list[str]:
 
 def test_deploy_serves_chats_streamed_and_not(svc: Service) -> None:
     started = time.monotonic()
-    doc = svc.json("deploy", str(SPEC), "--fleet", "lab", "-y")
+    proc = svc.pdctl("--json", "deploy", str(SPEC), "--fleet", "lab", "-y", check=False)
     took = time.monotonic() - started
+    if proc.returncode != 0:
+        router = svc.lab.ssh(
+            "node1",
+            f"journalctl -u pd-{SERVICE}-router.service --no-pager | tail -60",
+            user="root",
+            check=False,
+        ).stdout
+        raise AssertionError(f"deploy failed:\n{proc.stdout}\n{proc.stderr}\nrouter:\n{router}")
+    doc = json.loads(proc.stdout)
     endpoint, key = doc["endpoint"], svc.key()
     status, body = chat(endpoint, "hello there vllm", key, timeout=20)
     assert status == 200, (body, svc.router_log())
