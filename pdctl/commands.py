@@ -8,9 +8,10 @@ cannot rewrite with certainty is refused with a CommandError saying how to write
 instead. A script is never produced silently broken.
 
 The script is ``set -e`` and then the commands, one per line, as written except that
-- the SGLang launch command (``python -m sglang.launch_server ...``) gets the slot's
-  ports: ``--port $PDCTL_PORT``, ``--host $PDCTL_HOST`` unless a host is given and, for
-  prefill, ``--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT``;
+- the launch command (SGLang's ``python -m sglang.launch_server ...``, vLLM's
+  ``vllm serve ... --grpc`` or ``python -m vllm.entrypoints.grpc_server``: pdctl/launch.py)
+  gets the slot's ports: ``--port $PDCTL_PORT``, ``--host $PDCTL_HOST`` unless a host is
+  given and, for an SGLang prefill, ``--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT``;
 - the last command runs with ``exec``: it replaces the shell, so it is the container's
   PID 1 and gets the SIGTERM of a stop, on which SGLang drains (a shell as PID 1 would
   not pass the signal on).
@@ -27,12 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pdctl import launch as launches
+from pdctl.launch import Launch, LaunchError
+
 __all__ = [
     "BOOTSTRAP_PORT",
     "HOST",
     "PORT",
     "CommandError",
     "Word",
+    "find_launch",
     "shell_words",
     "worker_script",
 ]
@@ -97,28 +102,39 @@ def worker_script(commands: list[str], role: Literal["prefill", "decode"]) -> st
         except CommandError as exc:
             raise exc.at(index) from None
     last = len(parsed) - 1
-    launch = _find_launch(parsed)
-    if launch is not None and launch != last:
+    found = _find_launch(parsed)
+    if found is not None and found[0] != last:
         raise CommandError(
-            "the SGLang launch command must be the group's last command",
+            f"the {found[1].name} launch command must be the group's last command",
             "move the commands after it before it: pdctl runs the last command with exec, so "
             "that the server is the container's PID 1 and gets the SIGTERM that makes it drain",
-            launch,
+            found[0],
         )
     for index, command in enumerate(parsed[:-1]):
         _check_not_exec(command, index)
     try:
-        final = _last_line(parsed[-1], role if launch is not None else None)
+        final = _last_line(parsed[-1], role, found[1] if found is not None else None)
     except CommandError as exc:
         raise exc.at(last) from None
     lines = ["set -e", *(command.text[: command.end] for command in parsed[:-1]), final]
     return "\n".join(lines) + "\n"
 
 
+def find_launch(commands: list[str]) -> Launch | None:
+    """The server launch among a group's commands (None: none of them starts one), with its
+    engine and, for vLLM, its KV connector and role. CommandError as worker_script's."""
+    parsed: list[_Command] = []
+    for index, text in enumerate(commands):
+        try:
+            parsed.append(_parse(text))
+        except CommandError as exc:
+            raise exc.at(index) from None
+    found = _find_launch(parsed)
+    return found[1] if found is not None else None
+
+
 # --- the launch command and the last command ---------------------------------------------
 
-# `sglang.launch_server` after `-m` (or glued to it), or a path to launch_server(.py).
-_LAUNCH_WORD = re.compile(r"(?:-m)?(?:[\w.]*\.|\S*/)?launch_server(?:\.py)?")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Builtins with no program of the same name: `exec` cannot run them.
@@ -140,31 +156,47 @@ _LINE_BREAK_HINT = (
 )
 
 
-def _find_launch(parsed: list[_Command]) -> int | None:
-    """The index of the group's SGLang launch command, checked to be a plain command."""
-    launch: int | None = None
+def _find_launch(parsed: list[_Command]) -> tuple[int, Launch] | None:
+    """The index of the group's launch command and what it launches, checked to be a plain
+    command."""
+    launch: tuple[int, Launch] | None = None
     for index, command in enumerate(parsed):
-        if not any(_LAUNCH_WORD.fullmatch(word.value) for word in command.words):
-            if "launch_server" in command.code():
+        try:
+            found = _launch_in(command.words)
+        except CommandError as exc:
+            raise exc.at(index) from None
+        if found is None:
+            code = command.code()
+            mention = next((m for m in launches.MENTIONS if m in code), None)
+            if mention is not None:
                 raise CommandError(
-                    "the command mentions launch_server, but not as a command that pdctl can "
+                    f"the command mentions {mention}, but not as a command that pdctl can "
                     "give the slot's ports: it is inside quotes, a variable or a substitution",
-                    "write the launch as a command of its own: python -m sglang.launch_server ...",
+                    "write the launch as a command of its own: python -m sglang.launch_server "
+                    "..., vllm serve MODEL --grpc ...",
                     index,
                 )
             continue
         try:
-            _plain(command, launch=True)
+            simple = _plain(command, launch=found.name)
+            found = _launch_in(simple.words) or found
         except CommandError as exc:
             raise exc.at(index) from None
         if launch is not None:
             raise CommandError(
-                f"the group has a second SGLang launch command; the first is commands[{launch}]",
+                f"the group has a second launch command; the first is commands[{launch[0]}]",
                 "keep one: each replica of the group runs one server",
                 index,
             )
-        launch = index
+        launch = (index, found)
     return launch
+
+
+def _launch_in(words: list[Word]) -> Launch | None:
+    try:
+        return launches.find([word.value for word in words])
+    except LaunchError as exc:
+        raise CommandError(exc.problem, exc.hint) from None
 
 
 def _check_not_exec(command: _Command, index: int) -> None:
@@ -179,7 +211,7 @@ def _check_not_exec(command: _Command, index: int) -> None:
             )
 
 
-def _plain(command: _Command, *, launch: bool) -> _Simple:
+def _plain(command: _Command, *, launch: str | None) -> _Simple:
     """The command as one simple command, or a CommandError naming what is in the way."""
     items = command.items
     if not items:
@@ -203,7 +235,8 @@ def _plain(command: _Command, *, launch: bool) -> _Simple:
     if found or simple is None:
         if launch:
             raise CommandError(
-                f"the SGLang launch command must be a plain command of its own, but it has {found}",
+                f"the {launch} launch command must be a plain command of its own, "
+                f"but it has {found}",
                 hint,
             )
         raise CommandError(
@@ -218,11 +251,11 @@ def _plain(command: _Command, *, launch: bool) -> _Simple:
 _Edit = tuple[int, int, str]
 
 
-def _last_line(command: _Command, role: Literal["prefill", "decode"] | None) -> str:
-    simple = _plain(command, launch=role is not None)
+def _last_line(command: _Command, role: Literal["prefill", "decode"], launch: Launch | None) -> str:
+    simple = _plain(command, launch=launch.name if launch is not None else None)
     edits = _exec_edits(simple)
-    if role is not None:
-        edits += _port_edits(simple, role)
+    if launch is not None:
+        edits += _port_edits(simple, role, launch)
     text = command.text[: command.end]
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
@@ -252,14 +285,12 @@ def _exec_edits(simple: _Simple) -> list[_Edit]:
     return [(first.start, first.start, "exec ")]
 
 
-def _port_edits(simple: _Simple, role: Literal["prefill", "decode"]) -> list[_Edit]:
+def _port_edits(simple: _Simple, role: Literal["prefill", "decode"], launch: Launch) -> list[_Edit]:
     words = simple.words
-    at = 0
-    while not _LAUNCH_WORD.fullmatch(words[at].value):
-        at += 1
-    args = words[at + 1 :]
+    args = words[launch.at + 1 :]
     wanted = [("--port", PORT, True), ("--host", HOST, False)]
-    if role == "prefill":
+    # vLLM's NIXL side channel takes its port from the environment (the slot's env file).
+    if role == "prefill" and launch.engine == "sglang":
         wanted.append(("--disaggregation-bootstrap-port", BOOTSTRAP_PORT, True))
     edits: list[_Edit] = []
     appended = ""

@@ -24,8 +24,9 @@ from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
 from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
+from pdctl.launch import Engine
 from pdctl.layout import Layout, Roots
-from pdctl.router_flags import kept_flags, launch_line
+from pdctl.router_flags import IGW_FLAG, kept_flags, launch_line
 from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec
 from pdctl.versions import SMG_VERSION
 
@@ -35,8 +36,9 @@ WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
 # host's library is mounted there under its own file name.
 CONTAINER_PROVIDER_DIR = "/usr/lib/x86_64-linux-gnu/libibverbs"
 CONTAINER_PROVIDER_LIB = f"{CONTAINER_PROVIDER_DIR}/libbnxt_re-rdmav34.so"
-# The transfer backend whose UCX the plan points at each slot's NICs (UCX_NET_DEVICES).
-UCX_BACKENDS = frozenset({"nixl"})
+# The transfer backends whose UCX the plan points at each slot's NICs (UCX_NET_DEVICES):
+# SGLang's --disaggregation-transfer-backend, vLLM's kv_connector.
+UCX_BACKENDS = frozenset({"nixl", "NixlConnector"})
 RENDER_MINOR_BASE = 128
 CDI_KIND = "nvidia.com/gpu"
 # pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults): the first
@@ -78,6 +80,13 @@ class Slot(BaseModel):
     rdma_devices: Annotated[list[str], AfterValidator(_nic_names)] = Field(default_factory=list)
     # UCX_NET_DEVICES entries (device:port) for a NIXL slot, the same NICs; empty: not set.
     ucx_net_devices: list[Annotated[str, AfterValidator(_ucx_device)]] = Field(default_factory=list)
+    engine: Engine = "sglang"
+    # vLLM: the first port of the slot's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT; its
+    # ranks take the next ones, one per GPU at most), and its KV connector and role as SMG
+    # is told them (pdctl/launch.py checked both).
+    side_channel_port: int | None = None
+    kv_connector: str | None = None
+    kv_role: str | None = None
 
     @property
     def name(self) -> str:
@@ -88,7 +97,26 @@ class Slot(BaseModel):
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        """The worker's URL as the router knows it: vLLM workers speak gRPC only."""
+        scheme = "grpc" if self.engine == "vllm" else "http"
+        return f"{scheme}://{self.address}:{self.port}"
+
+    def probe_url(self, path: str) -> str:
+        """What the roles' probe asks (templates/unit-probe.py): the spec's HTTP probe path,
+        or a vLLM worker's gRPC health (pdctl/grpc_health.py)."""
+        return self.url if self.engine == "vllm" else f"{self.url}{path}"
+
+    def registration(self) -> dict[str, Any]:
+        """The body of SMG's POST /workers for this slot (docs/facts.md, SMG worker API)."""
+        body: dict[str, Any] = {"url": self.url, "worker_type": self.group}
+        if self.engine == "vllm":
+            body |= {"runtime_type": "vllm", "kv_connector": self.kv_connector}
+            body["kv_role"] = self.kv_role
+        else:
+            body["runtime"] = "sglang"
+        if self.bootstrap_port is not None:
+            body["bootstrap_port"] = self.bootstrap_port
+        return body
 
     def env(self) -> dict[str, str]:
         """The slot's own environment (its instance env file, read by systemd and by the
@@ -107,6 +135,10 @@ class Slot(BaseModel):
         env["PDCTL_DEVICE_ARGS"] = " ".join(self.device_args())
         if self.bootstrap_port is not None:
             env["PDCTL_BOOTSTRAP_PORT"] = str(self.bootstrap_port)
+        if self.side_channel_port is not None:
+            # The address the other side's workers reach this host at (docs/facts.md).
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.address
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
         if self.rdma_devices:
             env["PDCTL_RDMA_DEVICES"] = ",".join(self.rdma_devices)
         if self.ucx_net_devices:
@@ -124,6 +156,7 @@ class Slot(BaseModel):
 
 class GroupPlan(BaseModel):
     role: WorkerRole
+    engine: Engine = "sglang"
     min: int
     max: int
     gpus_per_replica: int
@@ -204,6 +237,8 @@ class Plan(BaseModel):
                 **slot.model_dump(mode="json"),
                 "unit": slot.unit(self.service),
                 "url": slot.url,
+                "registration": slot.registration(),
+                "probe_url": slot.probe_url(self.probe.url),
                 "env": slot.env(),
                 "env_file": self.layout.slot_env(slot.group, slot.index),
             }
@@ -224,6 +259,10 @@ class Plan(BaseModel):
         }
 
 
+# What extravars() adds to a slot's entry, derived from its fields.
+_DERIVED = frozenset({"unit", "env", "url", "registration", "probe_url", "env_file"})
+
+
 def plan_from_extravars(doc: dict[str, Any]) -> Plan:
     """The inverse of Plan.extravars(): a plan.yml (or the scaler's config) back into a Plan."""
     fields = {key[3:]: value for key, value in doc.items() if key.startswith("pd_")}
@@ -232,9 +271,7 @@ def plan_from_extravars(doc: dict[str, Any]) -> Plan:
     slots: dict[str, list[dict[str, Any]]] = {role: [] for role in WORKER_ROLES}
     for entries in (fields.pop("host_slots", None) or {}).values():
         for entry in entries:
-            slots[entry["group"]].append(
-                {k: v for k, v in entry.items() if k not in {"unit", "env", "url", "env_file"}}
-            )
+            slots[entry["group"]].append({k: v for k, v in entry.items() if k not in _DERIVED})
     groups = fields.get("groups") or {}
     for role in WORKER_ROLES:
         groups[role] = {**groups[role], "slots": sorted(slots[role], key=lambda s: s["index"])}
@@ -276,6 +313,11 @@ def bootstrap_of(slot_name: str) -> str:
     return f"{slot_name}'s bootstrap port"
 
 
+def side_channel_of(slot_name: str) -> str:
+    """What a vLLM slot's NIXL side channel ports are called."""
+    return f"{slot_name}'s NIXL side channel"
+
+
 def listeners(plan: Plan) -> list[Listener]:
     """Every port the plan listens on. A worker takes `port_stride` ports from its own on."""
     router = plan.router
@@ -300,6 +342,17 @@ def listeners(plan: Plan) -> list[Listener]:
             found.append(
                 Listener(
                     slot.host, boot, boot, bootstrap_of(slot.name), "pdctl.ports.bootstrap_base"
+                )
+            )
+        if slot.side_channel_port is not None:
+            first = slot.side_channel_port
+            found.append(
+                Listener(
+                    slot.host,
+                    first,
+                    first + len(slot.gpus) - 1,
+                    side_channel_of(slot.name),
+                    "pdctl.ports.side_channel_base",
                 )
             )
     return found
@@ -328,8 +381,13 @@ def router_args(spec: Spec) -> list[str]:
             "--decode-policy",
             settings.decode_policy,
         ]
-        return [*args, *(["--policy", settings.policy] if settings.policy else [])]
-    return kept_flags(launch)
+        args += ["--policy", settings.policy] if settings.policy else []
+    else:
+        args = kept_flags(launch)
+    # SMG 1.13 routes dynamically registered gRPC workers only as its IGW (docs/facts.md).
+    if spec.engine == "vllm" and IGW_FLAG not in args:
+        args.append(IGW_FLAG)
+    return args
 
 
 def _config_hash(
@@ -458,6 +516,7 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> 
     script = worker_script(group.commands, role)
     return GroupPlan(
         role=role,
+        engine=group.engine,
         min=low,
         max=high,
         gpus_per_replica=per_replica,
@@ -541,6 +600,10 @@ def _what_hosts_have(fleet: Fleet, gpus: dict[str, HostGpus], excluded: dict[str
 
 
 def _transfer_backend(group: ReplicaGroup) -> str | None:
+    """SGLang's --disaggregation-transfer-backend, or vLLM's KV connector."""
+    launch = group.launch
+    if launch is not None and launch.engine == "vllm":
+        return launch.kv_connector
     match = re.search(r"--disaggregation-transfer-backend[=\s]+([\w-]+)", " ".join(group.commands))
     return match[1] if match else None
 
@@ -612,7 +675,8 @@ def _place(
         gpus, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
         nth = _free_position(spec, role, positions.get(host.name, 0), _ports_on(held, host.name))
         positions[host.name] = nth + 1
-        port, bootstrap = _slot_ports(spec, role, nth)
+        port, bootstrap, side_channel = _slot_ports(spec, role, nth)
+        launch = spec.group(role).launch
         group_plan.slots.append(
             Slot(
                 group=role,
@@ -623,6 +687,10 @@ def _place(
                 port=port,
                 bootstrap_port=bootstrap,
                 start=index <= group_plan.min,
+                engine=group_plan.engine,
+                side_channel_port=side_channel,
+                kv_connector=launch.kv_connector if launch else None,
+                kv_role=launch.kv_role if launch else None,
             )
         )
     return shortfalls
@@ -643,23 +711,36 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def _slot_ports(spec: Spec, role: WorkerRole, nth: int) -> tuple[int, int | None]:
-    """The serving port and (prefill only) bootstrap port of the nth slot position on a host."""
+def _side_channel_span(spec: Spec) -> int:
+    """The ports between two slot positions' NIXL side channels: vLLM's ranks each take the
+    next port from the slot's, so a slot takes as many as its GPUs (docs/facts.md)."""
+    return max(g.count for g in (spec.gpus(spec.group(r)) for r in WORKER_ROLES) if g)
+
+
+def _slot_ports(spec: Spec, role: WorkerRole, nth: int) -> tuple[int, int | None, int | None]:
+    """The serving port, the bootstrap port (SGLang prefill) and the first NIXL side channel
+    port (vLLM) of the nth slot position on a host."""
     ports = spec.pdctl.ports
+    vllm = spec.engine == "vllm"
     return (
         ports.base + nth * ports.stride,
-        ports.bootstrap_base + nth if role == "prefill" else None,
+        ports.bootstrap_base + nth if role == "prefill" and not vllm else None,
+        ports.side_channel_base + nth * _side_channel_span(spec) if vllm else None,
     )
 
 
 def _free_position(spec: Spec, role: WorkerRole, nth: int, taken: list[tuple[int, int]]) -> int:
-    """The first slot position from ``nth`` on whose worker ports (and bootstrap port) no
-    other service holds on the host. Ends: every position takes higher ports than the last."""
+    """The first slot position from ``nth`` on whose worker ports (bootstrap, side channel)
+    no other service holds on the host. Ends: every position takes higher ports than the
+    last."""
+    gpus = spec.gpus(spec.group(role))
     while True:
-        port, bootstrap = _slot_ports(spec, role, nth)
+        port, bootstrap, side_channel = _slot_ports(spec, role, nth)
         wanted = [(port, port + spec.pdctl.ports.stride - 1)]
         if bootstrap is not None:
             wanted.append((bootstrap, bootstrap))
+        if side_channel is not None:
+            wanted.append((side_channel, side_channel + (gpus.count if gpus else 1) - 1))
         if not any(_overlaps(a, b) for a in wanted for b in taken):
             return nth
         nth += 1

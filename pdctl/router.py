@@ -126,18 +126,11 @@ class Router:
             for w in response.json().get("workers") or []
         ]
 
-    def add_worker(
-        self, url: str, worker_type: str, bootstrap_port: int | None, drain_settle_secs: int = 2
-    ) -> bool:
-        """Register a worker; False when SMG already had it (409)."""
-        body: dict[str, Any] = {
-            "url": url,
-            "worker_type": worker_type,
-            "runtime": "sglang",
-            "health": {"drain_settle_secs": drain_settle_secs},
-        }
-        if bootstrap_port is not None:
-            body["bootstrap_port"] = bootstrap_port
+    def add_worker(self, registration: dict[str, Any], drain_settle_secs: int = 2) -> bool:
+        """Register a worker (``registration``: its POST /workers body, pdctl/plan.py's
+        Slot.registration()); False when SMG already had it (409)."""
+        body = {**registration, "health": {"drain_settle_secs": drain_settle_secs}}
+        url = body.get("url")
         response = self._call("POST", "/workers", body)
         if response.status in {200, 201, 202}:
             return True

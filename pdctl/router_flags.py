@@ -30,6 +30,8 @@ OWNED: dict[str, int] = {
     "--health-check-interval-secs": 1,
     "--shutdown-grace-period-secs": 1,
 }
+# Makes SMG 1.13 route the gRPC workers registered through its API (docs/facts.md).
+IGW_FLAG = "--enable-igw"
 LAUNCH = re.compile(
     r"(?:^|\s)(?:smg\s+launch|python3?\s+-m\s+(?:smg|sglang_router)\.launch_router)\b"
 )

@@ -29,6 +29,7 @@ from pdctl.plan import (
     Held,
     Plan,
     bootstrap_of,
+    side_channel_of,
     unusable,
 )
 from pdctl.spec import MIN_PORT_STRIDE
@@ -136,14 +137,20 @@ def _slot(host: str, service: Any, stem: Any, values: Any) -> list[Held]:
     name = f"{match[1]}/{match[2]}"
     held = []
     ids = values.get("PDCTL_GPU_IDS")
+    gpus: tuple[int, ...] = ()
     if isinstance(ids, str) and _GPU_IDS.fullmatch(ids):
-        held.append(Held(service, host, name, gpus=tuple(sorted({int(g) for g in ids.split(",")}))))
+        gpus = tuple(sorted({int(g) for g in ids.split(",")}))
+        held.append(Held(service, host, name, gpus=gpus))
     port = _port(values.get("PDCTL_PORT"))
     if port:
         held.append(Held(service, host, name, ports=(port, port + MIN_PORT_STRIDE - 1)))
     bootstrap = _port(values.get("PDCTL_BOOTSTRAP_PORT"))
     if bootstrap:
         held.append(Held(service, host, bootstrap_of(name), ports=(bootstrap, bootstrap)))
+    side_channel = _port(values.get("VLLM_NIXL_SIDE_CHANNEL_PORT"))
+    if side_channel:  # a vLLM slot's ranks take one port each from it (pdctl/plan.py)
+        last = min(side_channel + max(len(gpus), 1) - 1, 65535)
+        held.append(Held(service, host, side_channel_of(name), ports=(side_channel, last)))
     return held
 
 

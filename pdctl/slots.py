@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pdctl import ssh
 from pdctl.errors import HostError
+from pdctl.grpc_health import grpc_healthy
 from pdctl.layout import UNITCTL
 from pdctl.plan import Plan, Slot
 from pdctl.router import Connector, Router, request
@@ -120,7 +121,18 @@ class Actuator:
         )
 
     def healthy(self, slot: Slot) -> bool:
+        """Whether the slot's worker answers its probe: the spec's HTTP probe, or for a vLLM
+        worker (gRPC only) its gRPC health call, through the host's SSH connection."""
         connector = self.connector(self.targets[slot.host])
+        if slot.engine == "vllm":
+            try:
+                stream = connector(slot.address, slot.port)
+            except (OSError, HostError):
+                return False
+            try:
+                return grpc_healthy(stream, f"{slot.address}:{slot.port}", timeout=5)
+            finally:
+                stream.close()
         try:
             response = request(
                 connector, slot.address, slot.port, "GET", self.plan.probe.url, timeout=5
@@ -169,7 +181,7 @@ class Actuator:
         )
 
     def register(self, slot: Slot) -> None:
-        self.router.add_worker(slot.url, slot.group, slot.bootstrap_port)
+        self.router.add_worker(slot.registration())
 
     def wait_in_service(self, slot: Slot, timeout: float = 60.0) -> None:
         """Until the router lists the worker as healthy. SMG answers a registration with 202

@@ -28,9 +28,10 @@ from pydantic import (
 )
 
 from pdctl import layout, validate
-from pdctl.commands import CommandError, worker_script
+from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import GpuVendor
+from pdctl.launch import Engine, Launch
 from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
@@ -463,6 +464,16 @@ def _count(value: Any) -> tuple[int, int]:
         raise ValueError(f"{value!r} is not a count (use N or MIN..MAX, e.g. 1..4)") from None
 
 
+class GroupSettings(Strict):
+    """A replica group's pdctl-only settings (``pdctl:`` inside the group)."""
+
+    role: Literal["prefill", "decode"] | None = Field(
+        None,
+        description="The group's P/D role, where neither its command nor its name says it "
+        "(a vLLM worker with kv_role kv_both).",
+    )
+
+
 class ReplicaGroup(Strict):
     name: Name | None = None
     count: Annotated[tuple[int, int], BeforeValidator(_count)] = (1, 1)
@@ -471,6 +482,7 @@ class ReplicaGroup(Strict):
     resources: Resources | None = None
     router: Router | None = None
     image: Image | None = None
+    pdctl: GroupSettings | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ReplicaGroup:
@@ -489,14 +501,38 @@ class ReplicaGroup(Strict):
         return self
 
     @property
+    def launch(self) -> Launch | None:
+        """The server the group's commands launch (None: none pdctl knows, or unreadable
+        commands, which parse() refuses with the reason)."""
+        try:
+            return find_launch(self.commands)
+        except CommandError:
+            return None
+
+    @property
+    def engine(self) -> Engine:
+        launch = self.launch
+        return launch.engine if launch is not None else "sglang"
+
+    @property
+    def named_role(self) -> Literal["prefill", "decode"] | None:
+        """The role said outside the command: pdctl.role, else the group's name."""
+        if self.pdctl is not None and self.pdctl.role is not None:
+            return self.pdctl.role
+        name = (self.name or "").lower()
+        return "prefill" if "prefill" in name else "decode" if "decode" in name else None
+
+    @property
     def role(self) -> GroupRole | None:
         if self.router is not None:
             return "router"
+        launch = self.launch
+        if launch is not None and launch.engine == "vllm":
+            return launch.role or self.named_role
         mode = re.search(r"--disaggregation-mode[=\s]+(\w+)", " ".join(self.commands))
         if mode and mode[1] in {"prefill", "decode"}:
             return mode[1]  # type: ignore[return-value]
-        name = (self.name or "").lower()
-        return "prefill" if "prefill" in name else "decode" if "decode" in name else None
+        return self.named_role
 
 
 Policy = Literal[
@@ -539,6 +575,11 @@ class PdctlPorts(Strict):
         description="Between two workers on one host (SGLang uses port+233...).",
     )
     bootstrap_base: Port = Field(8998, description="First prefill bootstrap port on a host.")
+    side_channel_base: Port = Field(
+        5600,
+        description="vLLM: first NIXL side channel port on a host (VLLM_NIXL_SIDE_CHANNEL_PORT; "
+        "a slot takes one per GPU).",
+    )
 
 
 class PdctlSettings(Strict):
@@ -598,6 +639,11 @@ class Spec(Strict):
 
     def group(self, role: GroupRole) -> ReplicaGroup:
         return next(g for g in self.replicas if g.role == role)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine of the service's workers (parse() checks both groups run the same)."""
+        return self.group("prefill").engine
 
     def gpus(self, group: ReplicaGroup) -> Gpu | None:
         resources = group.resources or self.resources
@@ -736,12 +782,36 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
             message = "unknown field (pdctl-only settings go under `pdctl:`)"
         raise SpecError(path, located.line_of(loc), _field(loc) or None, message) from exc
     spec.ignored = ignored
+    _check_launches(spec, path, located)
     _check_groups(spec, path, located)
+    _check_engines(spec, path, located)
     _check_scaling(spec, path, located)
     _check_router(spec, path, located)
     _check_commands(spec, path, located)
     _check_ports(spec, path, located)
-    return spec, resolve_env(env_items, path, environ)
+    env = resolve_env(env_items, path, environ)
+    _check_engine_env(spec, env, path, located)
+    return spec, env
+
+
+# Set by pdctl per vLLM slot (pdctl/plan.py Slot.env): a service-wide value would give every
+# worker on a host one side channel port, and the second would not start.
+PER_SLOT_VLLM_ENV = ("VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST")
+
+
+def _check_engine_env(spec: Spec, env: Env, path: Path, located: Located) -> None:
+    if spec.engine != "vllm":
+        return
+    for key in PER_SLOT_VLLM_ENV:
+        if key in env.plain or key in env.secrets:
+            raise SpecError(
+                path,
+                located.line_of(("env",)),
+                "env",
+                f"{key} is set by pdctl for each vLLM slot (a port of its own on its host, "
+                "the host's address)",
+                hint="remove it; pdctl.ports.side_channel_base moves the ports",
+            )
 
 
 def _allowed_controls(loc: tuple[str | int, ...]) -> str:
@@ -847,6 +917,64 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
             )
 
 
+def _check_launches(spec: Spec, path: Path, located: Located) -> None:
+    """Each worker group's launch command readable, and a vLLM group's role said once."""
+    for index, group in enumerate(spec.replicas):
+        if group.router is not None:
+            continue
+        loc: tuple[str | int, ...] = ("replicas", index, "commands")
+        try:
+            launch = find_launch(group.commands)
+        except CommandError as exc:
+            if exc.index is not None:
+                loc = (*loc, exc.index)
+            raise SpecError(
+                path, located.line_of(loc), _field(loc), exc.problem, hint=exc.hint
+            ) from exc
+        if launch is None or launch.engine != "vllm":
+            continue
+        named = group.named_role
+        where = f"replicas[{index}]"
+        if launch.role is None and named is None:
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index)),
+                where,
+                f"kv_role {launch.kv_role} does not say whether this vLLM group is prefill or "
+                "decode",
+                hint="name the group (name: prefill or decode), set `pdctl: {role: prefill}` "
+                "in it, or use kv_role kv_producer (prefill) / kv_consumer (decode)",
+            )
+        if launch.role is not None and named is not None and named != launch.role:
+            said = "its pdctl.role" if group.pdctl and group.pdctl.role else "its name"
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index)),
+                where,
+                f"kv_role {launch.kv_role} makes this a {launch.role} group, but {said} says "
+                f"{named}",
+                hint="make them agree: kv_producer is prefill, kv_consumer is decode",
+            )
+
+
+def _check_engines(spec: Spec, path: Path, located: Located) -> None:
+    """One service, one engine: SMG routes a service's requests from prefill to decode, and
+    the two halves must speak the same KV transfer."""
+    engines = {role: spec.group(role).engine for role in ("prefill", "decode")}
+    if engines["prefill"] == engines["decode"]:
+        return
+    index = spec.replicas.index(spec.group("decode"))
+    raise SpecError(
+        path,
+        located.line_of(("replicas", index, "commands")),
+        f"replicas[{index}].commands",
+        f"the prefill group runs {engines['prefill']} and the decode group {engines['decode']}: "
+        "a service runs one engine for both",
+        hint="launch both groups with the same engine (pdctl finds the engine in the launch "
+        "command: sglang.launch_server, vllm serve --grpc, vllm.entrypoints.grpc_server)",
+    )
+
+
 def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
     """A latency metric scales the phase it measures, from metrics the worker exports."""
     for index, group in enumerate(spec.replicas):
@@ -863,6 +991,15 @@ def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
                 f"{scaling.metric} measures the {METRIC_ROLE[scaling.metric]} phase: "
                 f"the {worker} group cannot move it",
                 hint=f"scale the {worker} group on {right} (or rps)",
+            )
+        if scaling is not None and scaling.metric in LATENCY_METRICS and group.engine == "vllm":
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index, "scaling", "metric")),
+                f"replicas[{index}].scaling.metric",
+                f"{scaling.metric} is read from the workers' HTTP /metrics, and a vLLM gRPC "
+                "worker serves no HTTP",
+                hint="scale the vLLM group on rps",
             )
         script = " ".join(group.commands)
         if (
@@ -932,6 +1069,9 @@ def _check_ports(spec: Spec, path: Path, located: Located) -> None:
         "pdctl.ports.base": spec.pdctl.ports.base,
         "pdctl.ports.bootstrap_base": spec.pdctl.ports.bootstrap_base,
     }
+    if spec.engine == "vllm":  # no bootstrap port; a NIXL side channel instead
+        del listeners["pdctl.ports.bootstrap_base"]
+        listeners["pdctl.ports.side_channel_base"] = spec.pdctl.ports.side_channel_base
     seen: dict[int, str] = {}
     for field, number in listeners.items():
         if number in seen:

@@ -1,4 +1,7 @@
 # pdctl unit probe: run on a host as `python3 -c "$(cat unit-probe.py)" URL UNIT TIMEOUT`.
+# A grpc://HOST:PORT URL (a vLLM worker) is asked its gRPC health by pdctl/grpc_health.py's
+# grpc_healthy, whose text the roles put ahead of this one (one implementation of the call,
+# shared with pdctl and the scaler): 200 when healthy, 503 when it answers otherwise.
 # Prints one JSON line: {"status": HTTP status of URL (0: no answer), "state": the unit's
 # ActiveState, "restarts": its NRestarts, "journal": its last lines when not healthy}.
 # The roles wait on it until status is 200 or systemd gave up on the unit (state failed),
@@ -6,6 +9,7 @@
 # what the unit's own processes wrote (_SYSTEMD_UNIT=), not systemd's lines about it: the
 # state and restart count already say those.
 import json
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -13,8 +17,14 @@ import urllib.request
 
 url, unit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 try:
-    with urllib.request.urlopen(url, timeout=timeout) as reply:
-        status = reply.status
+    if url.startswith("grpc://"):
+        authority = url[len("grpc://"):].rstrip("/")
+        address, _, port = authority.rpartition(":")
+        with socket.create_connection((address.strip("[]"), int(port)), timeout=timeout) as stream:
+            status = 200 if grpc_healthy(stream, authority, timeout=timeout) else 503  # noqa: F821
+    else:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            status = reply.status
 except urllib.error.HTTPError as error:
     status = error.code
 except Exception:
