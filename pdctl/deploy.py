@@ -7,11 +7,7 @@ a spare slot, wait healthy, register, then deregister, drain and stop the old).
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import os
-import tarfile
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,6 +35,7 @@ from pdctl.results import (
 from pdctl.scaler import control
 from pdctl.scaler.decide import Decision
 from pdctl.scaler.setup import handle_store
+from pdctl.scaler_source import archive as scaler_source_archive
 from pdctl.slots import Actuator, SlotState
 from pdctl.spec import Env, Spec, load
 from pdctl.unhealthy import Unhealthy
@@ -213,37 +210,8 @@ def _fields(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 
 def scaler_source() -> Path:
-    """A clean copy of the pdctl package for the router host's scaler, as one .tar.gz.
-
-    One file, so the role copies it in one round trip (a directory copy costs a few per
-    file: 15 s for pdctl's). Content-addressed and byte-for-byte reproducible (sorted, no
-    owners, zero mtimes), so an unchanged pdctl copies nothing on a redeploy.
-    """
-    package = Path(__file__).resolve().parent
-    files = sorted(
-        f
-        for f in package.rglob("*.py")
-        if not {"_content", "__pycache__"} & set(f.relative_to(package).parts)
-    )
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
-    archive = cache_dir() / "scaler-src" / f"pdctl-{digest.hexdigest()[:16]}.tar.gz"
-    if not archive.is_file():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        staging = archive.with_name(archive.name + ".tmp")
-        with (
-            staging.open("wb") as raw,
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped,
-            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-            for file in files:
-                info = tarfile.TarInfo(f"pdctl/{file.relative_to(package)}")
-                data = file.read_bytes()
-                info.size, info.mode, info.mtime = len(data), 0o644, 0
-                tar.addfile(info, io.BytesIO(data))
-        staging.rename(archive)
-    return archive
+    """pdctl's own package for the router host's scaler, as one archive (scaler_source.py)."""
+    return scaler_source_archive(cache_dir() / "scaler-src")
 
 
 def playbook_vars(plan: Plan) -> dict[str, Any]:
