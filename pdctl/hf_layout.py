@@ -21,7 +21,7 @@ _REPO_ID = re.compile(rf"^(?:{REPO_PART}/)?{REPO_PART}\Z")
 _REVISION = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
 COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
-_PATH_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._+-]{0,198})\Z")
+_PATH_PART = re.compile(r"^(?!\.\.?\Z)[A-Za-z0-9_.][A-Za-z0-9._+-]{0,199}\Z")
 MAX_DEPTH = 8
 
 
@@ -48,8 +48,10 @@ def check_revision(revision: Any) -> str:
 
 def check_path(path: Any) -> str:
     """A file of a model, relative: parts of letters, digits, . _ + - (no '.' or '..')."""
-    parts = path.split("/") if isinstance(path, str) else []
-    if not parts or len(parts) > MAX_DEPTH or not all(_PATH_PART.match(p) for p in parts):
+    if not isinstance(path, str):
+        raise ValueError(f"{path!r} is not a model file path")
+    parts = path.split("/")
+    if len(parts) > MAX_DEPTH or not all(_PATH_PART.match(p) for p in parts):
         raise ValueError(f"{path!r} is not a model file path this cache accepts")
     return path
 

@@ -165,7 +165,7 @@ class Cache:
         return "ready"
 
     def link(self, manifest: dict[str, Any], entry: dict[str, Any]) -> None:
-        """snapshots/<commit>/<path> -> ../../blobs/<blob>, relative, as huggingface_hub links it."""
+        """snapshots/<commit>/<path> -> ../../blobs/<blob>: relative, as huggingface_hub links."""
         link = self.snapshot(manifest["commit"], entry["path"])
         _makedirs(link.parent)
         target = os.path.relpath(self.blob(entry["blob"]), link.parent)
