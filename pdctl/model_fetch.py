@@ -585,6 +585,7 @@ class Session:
         self.revision = check_revision(request["revision"])
         self.server = PeerServer(self.cache, request["bind"], request["allow"], request["secret"])
         self.secret = request["secret"]
+        self.held: dict[str, Any] | None = None  # the cache's file list, when it holds it all
 
     def emit(self, doc: dict[str, Any]) -> None:
         with self._out_lock:
@@ -597,6 +598,7 @@ class Session:
         complete = manifest is not None and all(
             self.cache.state(e, deep=False) == "ready" for e in manifest["files"]
         )
+        self.held = manifest if complete else None
         self.emit(
             {
                 "event": "hello",
@@ -607,17 +609,28 @@ class Session:
             }
         )
 
+    def _resolve(self, source: dict[str, Any] | None) -> dict[str, Any]:
+        """The file list at the hub; the cache's own when the hub cannot be asked and the cache
+        holds the revision whole (a restart, a redeploy: nothing to download anyway)."""
+        if source is None or source["kind"] != "hub":
+            raise RuntimeError("no file list and no hub to ask for it")
+        try:
+            return hub_manifest(
+                source["endpoint"], self.cache.repo, self.revision, source.get("token")
+            )
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if self.held is None:
+                raise
+            self.emit({"event": "warning", "message": f"the hub: {_reason(exc)}; kept the cache's"})
+            return self.held
+
     def run(self, order: dict[str, Any]) -> None:
         source = order.get("source")
         manifest = order.get("manifest")
         if source is not None and source["kind"] == "peer":
             source = {**source, "secret": self.secret}
         if manifest is None:
-            if source is None or source["kind"] != "hub":
-                raise RuntimeError("no file list and no hub to ask for it")
-            manifest = hub_manifest(
-                source["endpoint"], self.cache.repo, self.revision, source.get("token")
-            )
+            manifest = self._resolve(source)
         manifest = check_manifest(manifest)
         if manifest["repo"] != self.cache.repo:
             raise RuntimeError(f"the file list is {manifest['repo']}'s, not {self.cache.repo}'s")
