@@ -1,0 +1,335 @@
+"""The model cache's fetcher and its fan-out, run for real on loopback: each "host" is a
+python3 process started with the loader pdctl sends over SSH (pdctl/prefetch.py), with its own
+cache directory; the hub is a small HTTP server speaking the hub API subset the contract names
+(model info, tree, resolve with ranges, a token) and counting downloads per file.
+The real huggingface_hub then reads the cache offline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdctl import hf_layout, model_fetch, prefetch
+from pdctl.errors import HostError
+
+REPO = "lab/unit-model"
+COMMIT = "a" * 40
+TOKEN = "hf_unit_token"
+
+
+def _git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324
+
+
+class Hub:
+    """The hub API subset: files of deterministic bytes, downloads counted per file."""
+
+    def __init__(self, files: dict[str, bytes], token: str | None = TOKEN) -> None:
+        self.files, self.token = files, token
+        self.downloads: Counter[str] = Counter()
+        self.tails: Counter[str] = Counter()  # resumed GETs (range start > 0)
+        self.tree_override: list[dict[str, Any]] | None = None
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                hub.handle(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def entry(self, path: str, data: bytes) -> dict[str, Any]:
+        if path.endswith(".safetensors"):
+            sha = hashlib.sha256(data).hexdigest()
+            return {
+                "type": "file",
+                "path": path,
+                "size": len(data),
+                "oid": _git_oid(sha.encode()),
+                "lfs": {"oid": sha, "size": len(data)},
+            }
+        return {"type": "file", "path": path, "size": len(data), "oid": _git_oid(data)}
+
+    def _json(self, request: BaseHTTPRequestHandler, doc: Any) -> None:
+        body = json.dumps(doc).encode()
+        request.send_response(200)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            request.send_error(401)
+            return
+        path = request.path
+        if path == f"/api/models/{REPO}/revision/main":
+            self._json(
+                request,
+                {"id": REPO, "sha": COMMIT, "siblings": [{"rfilename": p} for p in self.files]},
+            )
+        elif path == f"/api/models/{REPO}/tree/{COMMIT}?recursive=true":
+            tree = self.tree_override or [self.entry(p, d) for p, d in self.files.items()]
+            self._json(request, tree)
+        elif match := re.match(rf"^/{REPO}/resolve/{COMMIT}/(.+)$", path):
+            self._resolve(request, match.group(1))
+        else:
+            request.send_error(404)
+
+    def _resolve(self, request: BaseHTTPRequestHandler, name: str) -> None:
+        data = self.files[name]
+        start = 0
+        if wanted := request.headers.get("Range"):
+            start = int(re.match(r"bytes=(\d+)-", wanted).group(1))  # type: ignore[union-attr]
+        (self.tails if start else self.downloads)[name] += 1
+        request.send_response(206 if start else 200)
+        request.send_header("Content-Length", str(len(data) - start))
+        request.send_header("X-Repo-Commit", COMMIT)
+        request.end_headers()
+        request.wfile.write(data[start:])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+FILES = {
+    "config.json": b'{"model_type": "llama"}\n',
+    "tokenizer.json": b'{"version": "1.0"}\n' * 50,
+    "model-00001-of-00002.safetensors": bytes(range(256)) * 4096 * 3,
+    "model-00002-of-00002.safetensors": bytes(reversed(range(256))) * 4096 * 2,
+}
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    server = Hub(dict(FILES))
+    yield server
+    server.close()
+
+
+class LocalChannel(prefetch.Channel):
+    """A "host": python3 started with pdctl's loader, as over SSH, with its own cache
+    directory (on a fleet every host has the same path; here they share one machine)."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", prefetch._LOADER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        super().__init__(self.proc.stdin, self.proc.stdout, self.proc.stderr)
+
+    def send(self, doc: dict[str, Any] | None) -> None:
+        if doc and "op" in doc:
+            doc = {**doc, "cache": str(self.cache)}
+        super().send(doc)
+
+
+def request(hub: Hub, token: str | None = TOKEN) -> prefetch.Request:
+    return prefetch.Request(
+        repo=REPO, revision="main", cache="/unused", endpoint=hub.endpoint, token=token
+    )
+
+
+def fan_out(hub: Hub, caches: dict[str, Path], token: str | None = TOKEN) -> dict[str, Any]:
+    lines: list[str] = []
+    channels: list[LocalChannel] = []
+
+    def open_channel(host: str) -> prefetch.Channel:
+        channels.append(LocalChannel(caches[host]))
+        return channels[-1]
+
+    try:
+        doc = prefetch.prefetch(
+            open_channel, dict.fromkeys(caches, "127.0.0.1"), request(hub, token), lines.append
+        )
+    finally:
+        for channel in channels:
+            assert channel.proc.wait(timeout=30) is not None
+    doc["lines"] = lines
+    return doc
+
+
+def check(hub: Hub, cache: Path) -> dict[str, Any]:
+    found = prefetch.check(lambda host: LocalChannel(cache), ["h"], request(hub))
+    return dict(found["h"])
+
+
+@pytest.fixture
+def caches(tmp_path: Path) -> dict[str, Path]:
+    return {f"h{i}": tmp_path / f"h{i}" / "models" for i in range(1, 5)}
+
+
+def blobs(cache: Path) -> Path:
+    return cache / "hub" / "models--lab--unit-model" / "blobs"
+
+
+def test_one_download_per_file_fanned_out_and_huggingface_hub_reads_it_offline(
+    hub: Hub, caches: dict[str, Path]
+) -> None:
+    doc = fan_out(hub, caches)
+    assert dict(hub.downloads) == dict.fromkeys(FILES, 1)
+    assert doc["commit"] == COMMIT and doc["bytes"] == sum(map(len, FILES.values()))
+    assert {h["state"] for h in doc["hosts"].values()} == {"ready"}
+    assert sorted(h["source"] for h in doc["hosts"].values()) == ["h1", "h2", "h3", "hub"]
+    assert any("from hub" in line for line in doc["lines"]), doc["lines"]
+    for cache in caches.values():
+        assert check(hub, cache)["state"] == "ready"
+        assert (cache / "hub" / "models--lab--unit-model" / "refs" / "main").read_text() == COMMIT
+        assert oct(cache.stat().st_mode & 0o777) == "0o755"
+        for blob in blobs(cache).iterdir():
+            assert blob.stat().st_mode & 0o777 == 0o644 and blob.stat().st_uid == os.getuid()
+    # The real library, offline, on the last host's cache: the engines' view of it.
+    script = (
+        "import sys; from huggingface_hub import hf_hub_download, snapshot_download;"
+        f"p = snapshot_download({REPO!r}, local_files_only=True);"
+        f"print(p); print(open(hf_hub_download({REPO!r}, 'config.json'), 'rb').read().decode())"
+    )
+    env = {**os.environ, "HF_HOME": str(caches["h4"]), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines()[0].endswith(f"snapshots/{COMMIT}")
+    assert '"llama"' in out
+    shard = Path(out.splitlines()[0]) / "model-00002-of-00002.safetensors"
+    assert shard.read_bytes() == FILES["model-00002-of-00002.safetensors"]
+
+
+def test_a_second_prefetch_downloads_nothing_even_with_the_hub_gone(
+    hub: Hub, caches: dict[str, Path]
+) -> None:
+    fan_out(hub, caches)
+    hub.downloads.clear()
+    assert fan_out(hub, caches)["hosts"]["h1"]["fetched"] == 0
+    assert not hub.downloads
+    hub.close()  # a restart, or a redeploy, while the hub is away: the cache is enough
+    doc = fan_out(hub, caches)
+    assert {h["fetched"] for h in doc["hosts"].values()} == {0}
+
+
+def test_a_corrupt_or_missing_file_is_found_and_fetched_again_from_a_peer(
+    hub: Hub, caches: dict[str, Path]
+) -> None:
+    fan_out(hub, caches)
+    shard = hashlib.sha256(FILES["model-00001-of-00002.safetensors"]).hexdigest()
+    blob = blobs(caches["h3"]) / shard
+    data = bytearray(blob.read_bytes())
+    data[1000] ^= 0xFF
+    blob.write_bytes(bytes(data))  # same size, other bytes
+    (blobs(caches["h4"]) / _git_oid(FILES["config.json"])).unlink()
+    assert check(hub, caches["h3"])["state"] == "corrupt"
+    assert check(hub, caches["h4"])["state"] == "missing"
+    hub.downloads.clear()
+    doc = fan_out(hub, caches)
+    assert not hub.downloads  # the hub host had them all: the peers served the repairs
+    assert doc["hosts"]["h3"]["fetched"] == len(data)
+    assert blob.read_bytes() == FILES["model-00001-of-00002.safetensors"]
+    assert check(hub, caches["h3"])["state"] == check(hub, caches["h4"])["state"] == "ready"
+
+
+def test_a_partial_download_resumes_with_a_range(hub: Hub, caches: dict[str, Path]) -> None:
+    one = {"h1": caches["h1"]}
+    name = "model-00001-of-00002.safetensors"
+    partial = blobs(caches["h1"]) / (hashlib.sha256(FILES[name]).hexdigest() + ".incomplete")
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(FILES[name][:100_000])
+    doc = fan_out(hub, one)
+    assert hub.tails[name] == 1 and name not in hub.downloads
+    assert doc["hosts"]["h1"]["fetched"] == len(FILES[name]) - 100_000 + sum(
+        len(d) for n, d in FILES.items() if n != name
+    )
+
+
+def test_without_the_token_the_hub_refuses_and_the_error_names_host_and_cause(
+    hub: Hub, caches: dict[str, Path]
+) -> None:
+    with pytest.raises(HostError) as raised:
+        fan_out(hub, {"h1": caches["h1"], "h2": caches["h2"]}, token=None)
+    message = raised.value.one_line()
+    assert "h1: HTTP 401" in message and "h2: no file list" in message
+    assert TOKEN not in message
+
+
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "a b", ".."]
+)
+def test_a_hostile_file_path_from_the_hub_is_refused_before_anything_is_written(
+    hub: Hub, caches: dict[str, Path], path: str
+) -> None:
+    hub.tree_override = [
+        hub.entry("config.json", FILES["config.json"]),
+        {**hub.entry("config.json", b"x"), "path": path},
+    ]
+    with pytest.raises(HostError, match="not a model file path"):
+        fan_out(hub, {"h1": caches["h1"]})
+    assert not hub.downloads
+    assert not list(blobs(caches["h1"]).iterdir())
+
+
+@pytest.mark.parametrize(
+    "repo", ["../x", "a/b/c", "a--b/c", "a/..", "-a/b", "a/b;rm", "a/b\n", "", "a/" + "b" * 97]
+)
+def test_hostile_model_ids_are_refused(repo: str) -> None:
+    with pytest.raises(ValueError, match="not a hub model id"):
+        hf_layout.check_repo_id(repo)
+
+
+@pytest.mark.parametrize("revision", ["../main", "refs/pr/1", "a b", "..", "main\n", ""])
+def test_hostile_revisions_are_refused(revision: str) -> None:
+    with pytest.raises(ValueError, match="not a revision"):
+        hf_layout.check_revision(revision)
+
+
+def test_a_peer_serves_only_the_fleet_holding_the_secret(tmp_path: Path) -> None:
+    cache = model_fetch.Cache(str(tmp_path / "models"), REPO)
+    cache.prepare()
+    data = b"weights" * 1000
+    name = hashlib.sha256(data).hexdigest()
+    cache.blob(name).write_bytes(data)
+
+    def get(server: model_fetch.PeerServer, secret: str, blob: str = name) -> int:
+        url = f"http://127.0.0.1:{server.port}/blobs/{blob}"
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:  # noqa: S310
+                assert response.read() == data
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    server = model_fetch.PeerServer(cache, "127.0.0.1", ["127.0.0.1"], "s3cret")
+    server.expected = {name: len(data)}
+    server.done.set()
+    server.start()
+    try:
+        assert get(server, "s3cret") == 200
+        assert get(server, "wrong") == 403
+        assert get(server, "s3cret", "0" * 64) == 404  # not this model's: nothing else is served
+    finally:
+        server.stop()
+    stranger = model_fetch.PeerServer(cache, "127.0.0.1", ["192.0.2.1"], "s3cret")
+    stranger.expected, _ = {name: len(data)}, stranger.start()
+    try:
+        assert get(stranger, "s3cret") == 403  # not a host of the fleet
+    finally:
+        stranger.stop()
