@@ -25,8 +25,11 @@ from typing import Any
 
 import paramiko
 
-from pdctl import hf_layout, model_fetch, ssh
+from pdctl import hf_layout, inventory, model_fetch, ssh
+from pdctl import service as services
 from pdctl.errors import HostError
+from pdctl.plan import Plan
+from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
 # hf_layout's source in front of model_fetch's, without model_fetch's import of it: one script.
@@ -327,3 +330,62 @@ def check(open_channel: Opener, hosts: Iterable[str], request: Request) -> dict[
         return found
 
     return ssh.at_once(list(hosts), one)
+
+
+# ---------------------------------------------------------------- a plan's model
+def plan_request(plan: Plan, endpoint: str) -> Request | None:
+    """The plan's model as a request (None: the plan fetches none). The hub token is the
+    spec's HF_TOKEN secret, from pdctl's environment like the other secrets."""
+    if plan.model_repo is None or plan.model_cache is None:
+        return None
+    return Request(
+        repo=plan.model_repo,
+        revision=plan.model_revision or "main",
+        cache=plan.model_cache,
+        endpoint=endpoint,
+        token=services.secret_values(plan).get("HF_TOKEN") or None,
+    )
+
+
+def model_hosts(plan: Plan) -> list[str]:
+    """Every host with a slot of the plan, spares included: the scaler may start any."""
+    return sorted({slot.host for slot in plan.slots()}, key=plan.hosts().index)
+
+
+def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, Any] | None:
+    """Fill the cache of every host with a slot before the units start (None: no model)."""
+    fleet = inventory.load(workspace, plan.fleet)
+    request = plan_request(plan, fleet.settings.model_endpoint)
+    if request is None:
+        return None
+    hosts = model_hosts(plan)
+    targets = {}
+    for name in hosts:
+        host = fleet.host(name)
+        if host is None:
+            raise HostError(f"host {name} of the plan is no longer in fleet {plan.fleet}")
+        targets[name] = inventory.target(fleet, host)
+    pool = ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
+    try:
+        addresses = {name: targets[name].address for name in hosts}
+        return prefetch(ssh_opener(pool, targets), addresses, request, progress)
+    finally:
+        pool.close()
+
+
+def status(
+    plan: Plan, endpoint: str, pool: ssh.Pool, targets: dict[str, ssh.Target]
+) -> dict[str, Any] | None:
+    """``pdctl status``'s ``model``: each slot host's cache, ready | fetching | missing |
+    corrupt (unknown: the host could not be read)."""
+    request = plan_request(plan, endpoint)
+    if request is None:
+        return None
+    found = check(ssh_opener(pool, targets), model_hosts(plan), request)
+    sizes = [doc.get("bytes") for doc in found.values() if doc.get("bytes")]
+    return {
+        "repo": request.repo,
+        "revision": request.revision,
+        "bytes": max(sizes) if sizes else None,
+        "hosts": {host: str(doc.get("state")) for host, doc in found.items()},
+    }

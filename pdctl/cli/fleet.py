@@ -88,6 +88,18 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     "without internet; a spec's pdctl.wheelhouse wins.",
 )
 @click.option(
+    "--model-cache",
+    metavar="DIR",
+    help="The hosts' model cache (absolute path; the Hugging Face hub cache layout), mounted "
+    "read-only into the workers. [default: /var/lib/pdctl/models]",
+)
+@click.option(
+    "--model-endpoint",
+    metavar="URL",
+    help="Where the models come from: a hub or a mirror of one, HF_ENDPOINT-style "
+    "(http(s)://HOST[:PORT][/PATH]). [default: https://huggingface.co]",
+)
+@click.option(
     "--repin",
     is_flag=True,
     help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
@@ -110,6 +122,8 @@ def add(
     nic_driver: str | None,
     link_layer: str | None,
     wheelhouse: str | None,
+    model_cache: str | None,
+    model_endpoint: str | None,
     repin: bool,
     yes: bool,
 ) -> None:
@@ -128,6 +142,8 @@ def add(
         nic_driver=nic_driver,
         link_layer=link_layer,
         wheelhouse=wheelhouse,
+        model_cache=model_cache,
+        model_endpoint=model_endpoint,
         repin=repin,
     )
     with app.out.progress(f"fleet add {name}") as progress:

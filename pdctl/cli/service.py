@@ -153,6 +153,12 @@ def deploy(
         )
         if doc.rolled:
             app.out.line(f"rolled: {', '.join(doc.rolled)}")
+        if doc.model is not None:
+            fetched = sum(h["fetched"] for h in doc.model["hosts"].values())
+            app.out.line(
+                f"model {doc.model['repo']}: ready on {len(doc.model['hosts'])} host(s), "
+                f"{fetched / 1e6:.0f} MB fetched in {doc.model['seconds']:.1f} s"
+            )
         _endpoint_line(app, doc)
 
     app.out.result(doc, render)
@@ -175,6 +181,10 @@ def _render_status(app: App, doc: StatusResult) -> None:
     scaler = doc.scaler
     rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
     app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}")
+    if doc.model is not None:
+        hosts = ", ".join(f"{host} {state}" for host, state in doc.model.hosts.items())
+        size = f", {doc.model.bytes / 1e6:.0f} MB" if doc.model.bytes else ""
+        app.out.line(f"model {doc.model.repo}@{doc.model.revision}{size}: {hosts}")
     rows = []
     for role in WORKER_ROLES:
         group = doc.groups.worker(role)
