@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -34,6 +35,16 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     ]
     app.out.table(["host", "kind", "address", "gpus", "state", "faults"], rows)
     app.out.line(f"worker image: {doc['worker_image']}   wheelhouse: {doc['wheelhouse']}")
+    hub = doc.get("hub")
+    if hub:
+        rate = f"{hub['rate']} B/s" if hub["rate"] else "uncapped"
+        links = f"{doc['link_rate']} B/s" if doc.get("link_rate") else "uncapped"
+        app.out.line(
+            f"model hub: {hub['endpoint']} ({hub['state']}; rate {rate}; host links {links}; "
+            f"models: {', '.join(hub['models']) or 'none'})"
+        )
+        for name, count in hub["downloads"].items():
+            app.out.line(f"  downloaded {count}x: {name}")
     for line in doc["emulated"]:
         app.out.line(f"emulated: {line}")
     app.out.line("register these hosts as a fleet with:")
@@ -65,12 +76,39 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     show_default=True,
     help="The NICs' link layer: eth (RoCE) or ib (InfiniBand; NVIDIA hosts only).",
 )
+@click.option(
+    "--hub-rate",
+    default=None,
+    help="Cap the model hub's serving rate, all downloads together (the site's uplink), in "
+    "bytes/s: 10M, 1G; none: no cap. [default: as before; none at first]",
+)
+@click.option(
+    "--link-rate",
+    default=None,
+    help="Cap each host's link, both ways, in bytes/s: 100M; none: no cap. "
+    "[default: as before; none at first]",
+)
 @pass_app
-def up(app: App, hosts: int, cpu_hosts: int, gpus: tuple[str, ...], link_layer: LinkLayer) -> None:
-    """Boot (or converge to) N emulated hosts. Idempotent."""
+def up(
+    app: App,
+    hosts: int,
+    cpu_hosts: int,
+    gpus: tuple[str, ...],
+    link_layer: LinkLayer,
+    hub_rate: str | None,
+    link_rate: str | None,
+) -> None:
+    """Boot (or converge to) N emulated hosts and the model hub. Idempotent."""
     with app.out.progress("lab up") as progress:
         doc = manager.up(
-            app.workspace, hosts, cpu_hosts, progress, gpus or (DEFAULT_GPU,), link_layer
+            app.workspace,
+            hosts,
+            cpu_hosts,
+            progress,
+            gpus or (DEFAULT_GPU,),
+            link_layer,
+            hub_rate=hub_rate,
+            link_rate=link_rate,
         )
     app.out.result(doc, lambda: _render_status(app, doc))
 
@@ -123,3 +161,64 @@ def ssh(app: App, user: str, host: str, command: tuple[str, ...]) -> None:
     """SSH into a lab host (optionally running COMMAND)."""
     argv = manager.ssh_argv(app.workspace, host, user, command)
     os.execvp(argv[0], argv)  # noqa: S606 - replace pdctl with ssh, as `ssh` itself would run
+
+
+@lab.group()
+def hub() -> None:
+    """The lab's model hub (what huggingface_hub downloads from), at `lab status`'s endpoint."""
+
+
+@hub.command("add")
+@click.argument("repo")
+@click.option("--size", required=True, help="The weights' bytes: 256M, 1G (K/M/G: 1024-based).")
+@pass_app
+def hub_add(app: App, repo: str, size: str) -> None:
+    """Add a model REPO (ORG/NAME) of deterministic bytes: config.json, tokenizer.json and
+    safetensors shards (one per 128 MiB, at most 4). Made once per machine, then instant."""
+    doc = manager.hub_add(app.workspace, repo, size)
+    app.out.result(
+        doc,
+        lambda: app.out.line(
+            f"{doc['repo']}@{doc['revision'][:12]}: {len(doc['files'])} files, {doc['bytes']} bytes"
+        ),
+    )
+
+
+@hub.command("limit")
+@click.argument("rate")
+@pass_app
+def hub_limit(app: App, rate: str) -> None:
+    """Cap the hub's serving rate (bytes/s, all downloads together): 10M; none: no cap."""
+    doc = manager.hub_limit(app.workspace, rate)
+    app.out.result(doc, lambda: app.out.line(f"hub rate: {doc['hub_rate'] or 'uncapped'}"))
+
+
+@hub.command("token")
+@click.option(
+    "--file",
+    "token_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A file holding the token the hub then requires (Authorization: Bearer).",
+)
+@click.option("--none", "no_token", is_flag=True, help="The hub requires no token.")
+@pass_app
+def hub_token(app: App, token_file: Path | None, no_token: bool) -> None:
+    """Make the hub require a token (401 without it), or none."""
+    if (token_file is None) == (not no_token):
+        raise click.UsageError("give --file PATH or --none")
+    token = token_file.read_text().strip() if token_file else None
+    if token_file is not None and not token:
+        raise click.UsageError(f"{token_file} is empty")
+    doc = manager.hub_token(app.workspace, token)
+    app.out.result(
+        doc, lambda: app.out.line("hub token: " + ("required" if doc["token"] else "none"))
+    )
+
+
+@lab.command("link-rate")
+@click.argument("rate")
+@pass_app
+def link_rate(app: App, rate: str) -> None:
+    """Cap every host's link, both ways (bytes/s): 100M; none: no cap."""
+    doc = manager.link_limit(app.workspace, rate)
+    app.out.result(doc, lambda: app.out.line(f"host links: {doc['link_rate'] or 'uncapped'}"))

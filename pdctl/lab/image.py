@@ -112,9 +112,14 @@ def _wanted(path: str) -> bool:
 def _sources_digest(rootfs: Path, worker_src: Path) -> str:
     digest = hashlib.sha256(rootfs.name.encode())
     digest.update(json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), TAGS]).encode())
-    for file in sorted(worker_src.rglob("*.py")):
+    for file in sorted([*worker_src.rglob("*.py"), *_common_modules(worker_src)]):
         digest.update(file.name.encode() + file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _common_modules(worker_src: Path) -> list[Path]:
+    """The stand-ins' shared modules (pdctl/lab/worker/*.py): top-level modules in the image."""
+    return sorted(worker_src.parent.glob("*.py"))
 
 
 def ensure_image(rootfs: Path, worker_src: Path) -> Path:
@@ -191,6 +196,10 @@ def _write_layer(layer: Path, rootfs: Path, worker_src: Path) -> None:
         for file in sorted(worker_src.glob("*.py")):
             data = file.read_bytes()
             tar.addfile(_info(f"{package_dir}/{file.name}", size=len(data)), io.BytesIO(data))
+        for file in _common_modules(worker_src):
+            data = file.read_bytes()
+            name = f"usr/lib/python3/dist-packages/{file.name}"
+            tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
 
 
 def _sha256(path: Path) -> str:

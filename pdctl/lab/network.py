@@ -55,21 +55,29 @@ def delete_bridge(state: LabState) -> None:
 
 def plug(state: LabState, host: LabHost) -> None:
     """Create the host's namespace and wire it to the bridge (idempotent)."""
-    ns, veth = state.netns(host), state.veth(host)
-    unplug(state, host)
+    plug_namespace(state, state.netns(host), state.veth(host), host.address)
+
+
+def plug_namespace(state: LabState, ns: str, veth: str, address: str) -> None:
+    """A namespace with ``eth0`` at ``address`` on the lab bridge (a host's, the hub's)."""
+    unplug_namespace(ns, veth)
     run(["ip", "netns", "add", ns])
     run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
     run(["ip", "link", "set", veth, "master", state.bridge, "up"])
-    run(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+    run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0"])
     run(["ip", "-n", ns, "link", "set", "eth0", "up"])
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
 
 def unplug(state: LabState, host: LabHost) -> None:
-    if link_exists(state.veth(host)):
-        quiet(["ip", "link", "del", state.veth(host)])
-    if netns_exists(state.netns(host)):
-        quiet(["ip", "netns", "del", state.netns(host)])
+    unplug_namespace(state.netns(host), state.veth(host))
+
+
+def unplug_namespace(ns: str, veth: str) -> None:
+    if link_exists(veth):
+        quiet(["ip", "link", "del", veth])
+    if netns_exists(ns):
+        quiet(["ip", "netns", "del", ns])
 
 
 def stray_links(lab_id: int) -> list[str]:

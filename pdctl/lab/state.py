@@ -46,7 +46,14 @@ class Fault(BaseModel):
         return f"{self.kind} {self.arg}" if self.arg else self.kind
 
 
-CAPACITY_SETTINGS = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_token_floor_ms")
+# Lab settings the worker stand-ins read (kept by `fault clear`): their serving capacity and
+# how fast they load their model.
+CAPACITY_SETTINGS = (
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "decode_token_floor_ms",
+    "load_bytes_per_s",
+)
 
 
 class FakeHardware(BaseModel):
@@ -74,6 +81,8 @@ class FakeHardware(BaseModel):
     prefill_tokens_per_s: float = Field(default=8000.0, ge=0)
     decode_tokens_per_s: float = Field(default=400.0, ge=0)
     decode_token_floor_ms: float = Field(default=10.0, ge=0)
+    # How fast a worker stand-in reads its model at start (pdctl/lab/worker/model_cache.py).
+    load_bytes_per_s: float = Field(default=1e9, ge=0)
 
 
 class LabHost(BaseModel):
@@ -114,6 +123,10 @@ class LabState(BaseModel):
     lab_id: int
     hosts: list[LabHost] = Field(default_factory=list)
     rootfs: str = ""
+    # Bytes/s: the hub's serving rate in all (the site's uplink) and each host's link, both
+    # ways (hub_service.py); None: no cap.
+    hub_rate: int | None = None
+    link_rate: int | None = None
 
     @property
     def bridge(self) -> str:

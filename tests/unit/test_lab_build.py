@@ -103,4 +103,5 @@ def test_worker_image_archive_is_a_loadable_docker_archive(
     assert "usr/bin/dpkg" not in names  # package machinery is left out
     assert members["usr/bin/python"].linkname == "python3.11"
     assert "usr/lib/python3/dist-packages/sglang/launch_server.py" in names
+    assert "usr/lib/python3/dist-packages/model_cache.py" in names  # the stand-ins' common code
     assert "video:x:44:" in layer_bytes.decode("latin-1")  # --group-add video needs the group

@@ -74,6 +74,10 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+try:  # the stand-ins' common modules: pdctl/lab/worker/ here, beside `sglang` in the image
+    from .. import model_cache
+except ImportError:  # `sglang` is a top-level package (the image, the tests' PYTHONPATH)
+    import model_cache  # type: ignore[import-not-found, no-redef]
 from .capacity import (
     DEFAULT_DECODE_TOKEN_FLOOR_MS,
     DEFAULT_DECODE_TOKENS_PER_S,
@@ -145,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=None)
     add("--trust-remote-code", action="store_true")
     add("--api-key", default=None)
+    add("--revision", default=None)  # of the model in the Hugging Face cache (model_cache.py)
     # SGLang's histogram bounds (docs/facts.md, SGLang workers, Metrics); default: SGLang's.
     add("--bucket-time-to-first-token", type=float, nargs="+", default=None)
     add("--bucket-inter-token-latency", type=float, nargs="+", default=None)
@@ -1405,6 +1410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     state = StateFile(Path(os.environ.get("PDFAKE_STATE") or DEFAULT_STATE_FILE))
     warmup = setting("PDFAKE_WARMUP_SECS", "worker_warmup_secs", DEFAULT_WARMUP_SECS, state.read())
+    refused = model_cache.load_model(cfg.model_path, args.revision, os.environ, state.read(), log)
+    if refused:
+        log(refused, "ERROR")
+        return 1
     runtime = Runtime(cfg, state, warmup)
     stop = threading.Event()
     received = install_signal_handlers(stop)
