@@ -80,7 +80,7 @@ class HostRun:
     eta: float | None = None
     seconds: float = 0.0
     error: str | None = None
-    reported: float = 0.0
+    reported: float = field(default_factory=time.monotonic)  # the first line after a while
     manifest_ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
 

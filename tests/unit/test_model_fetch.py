@@ -1,7 +1,6 @@
 """The model cache's fetcher and its fan-out, run for real on loopback: each "host" is a
 python3 process started with the loader pdctl sends over SSH (pdctl/prefetch.py), with its own
-cache directory; the hub is a small HTTP server speaking the hub API subset the contract names
-(model info, tree, resolve with ranges, a token) and counting downloads per file.
+cache directory; the hub is the lab's (pdctl/lab/hub.py), counting downloads per file.
 The real huggingface_hub then reads the cache offline."""
 
 from __future__ import annotations
@@ -9,13 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
 import urllib.error
 import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,10 +22,12 @@ import pytest
 
 from pdctl import hf_layout, model_fetch, prefetch
 from pdctl.errors import HostError
+from pdctl.lab import hub as lab_hub
+from pdctl.lab import hub_models
 
 REPO = "lab/unit-model"
-COMMIT = "a" * 40
 TOKEN = "hf_unit_token"
+SIZE = 3 << 20  # two shards
 
 
 def _git_oid(data: bytes) -> str:
@@ -36,91 +35,78 @@ def _git_oid(data: bytes) -> str:
 
 
 class Hub:
-    """The hub API subset: files of deterministic bytes, downloads counted per file."""
+    """The lab's hub (pdctl/lab/hub.py) on loopback, over a model of SIZE in two shards."""
 
-    def __init__(self, files: dict[str, bytes], token: str | None = TOKEN) -> None:
-        self.files, self.token = files, token
-        self.downloads: Counter[str] = Counter()
-        self.tails: Counter[str] = Counter()  # resumed GETs (range start > 0)
-        self.tree_override: list[dict[str, Any]] | None = None
-        hub = self
+    def __init__(self, root: Path, token: str | None = TOKEN) -> None:
+        self.root = root
+        for name in ("downloads.json", "settings.json"):
+            (root / name).unlink(missing_ok=True)
+        lab_hub.write_settings(root, None, token)
+        self.server = lab_hub.make_server(root)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+        self.endpoint = lab_hub.endpoint(self.server)
+        repo = hub_models.Store(root).get(REPO)
+        assert repo is not None
+        self.repo = repo
+        self.files = {
+            f.path: hub_models.Store(root).blob(f.sha256).read_bytes() for f in repo.files
+        }
+        self.commit = repo.sha
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                return
-
-            def do_GET(self) -> None:
-                hub.handle(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def entry(self, path: str, data: bytes) -> dict[str, Any]:
-        if path.endswith(".safetensors"):
-            sha = hashlib.sha256(data).hexdigest()
-            return {
-                "type": "file",
-                "path": path,
-                "size": len(data),
-                "oid": _git_oid(sha.encode()),
-                "lfs": {"oid": sha, "size": len(data)},
-            }
-        return {"type": "file", "path": path, "size": len(data), "oid": _git_oid(data)}
-
-    def _json(self, request: BaseHTTPRequestHandler, doc: Any) -> None:
-        body = json.dumps(doc).encode()
-        request.send_response(200)
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        request.wfile.write(body)
-
-    def handle(self, request: BaseHTTPRequestHandler) -> None:
-        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
-            request.send_error(401)
-            return
-        path = request.path
-        if path == f"/api/models/{REPO}/revision/main":
-            self._json(
-                request,
-                {"id": REPO, "sha": COMMIT, "siblings": [{"rfilename": p} for p in self.files]},
-            )
-        elif path == f"/api/models/{REPO}/tree/{COMMIT}?recursive=true":
-            tree = self.tree_override or [self.entry(p, d) for p, d in self.files.items()]
-            self._json(request, tree)
-        elif match := re.match(rf"^/{REPO}/resolve/{COMMIT}/(.+)$", path):
-            self._resolve(request, match.group(1))
-        else:
-            request.send_error(404)
-
-    def _resolve(self, request: BaseHTTPRequestHandler, name: str) -> None:
-        data = self.files[name]
-        start = 0
-        if wanted := request.headers.get("Range"):
-            start = int(re.match(r"bytes=(\d+)-", wanted).group(1))  # type: ignore[union-attr]
-        (self.tails if start else self.downloads)[name] += 1
-        request.send_response(206 if start else 200)
-        request.send_header("Content-Length", str(len(data) - start))
-        request.send_header("X-Repo-Commit", COMMIT)
-        request.end_headers()
-        request.wfile.write(data[start:])
+    @property
+    def downloads(self) -> dict[str, int]:
+        """Downloads per file (a resumed tail is not one), as the hub counts them."""
+        counts = lab_hub.read_downloads(self.root)["downloads"]
+        return {k.removeprefix(f"{REPO}/"): v for k, v in counts.items() if v}
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
 
-FILES = {
-    "config.json": b'{"model_type": "llama"}\n',
-    "tokenizer.json": b'{"version": "1.0"}\n' * 50,
-    "model-00001-of-00002.safetensors": bytes(range(256)) * 4096 * 3,
-    "model-00002-of-00002.safetensors": bytes(reversed(range(256))) * 4096 * 2,
-}
+class HostileHub:
+    """A hub that lists a hostile file path: what the real one never sends."""
+
+    def __init__(self, good: Hub, path: str) -> None:
+        tree = [
+            {"type": "file", "path": "config.json", "size": 2, "oid": _git_oid(b"{}")},
+            {"type": "file", "path": path, "size": 2, "oid": _git_oid(b"{}")},
+        ]
+        commit = good.commit
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                doc: Any = {"sha": commit} if "/revision/" in self.path else tree
+                if "/resolve/" in self.path:
+                    self.send_error(500, "a resolve was asked for")
+                    return
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hub")
+    hub_models.add_model(root, REPO, SIZE, tmp_path_factory.mktemp("hub-cache"), shards=2)
+    return root
 
 
 @pytest.fixture
-def hub() -> Iterator[Hub]:
-    server = Hub(dict(FILES))
+def served(hub_root: Path) -> Iterator[Hub]:
+    server = Hub(hub_root)
     yield server
     server.close()
 
@@ -185,17 +171,19 @@ def blobs(cache: Path) -> Path:
 
 
 def test_one_download_per_file_fanned_out_and_huggingface_hub_reads_it_offline(
-    hub: Hub, caches: dict[str, Path]
+    served: Hub, caches: dict[str, Path]
 ) -> None:
-    doc = fan_out(hub, caches)
-    assert dict(hub.downloads) == dict.fromkeys(FILES, 1)
-    assert doc["commit"] == COMMIT and doc["bytes"] == sum(map(len, FILES.values()))
+    doc = fan_out(served, caches)
+    assert dict(served.downloads) == dict.fromkeys(served.files, 1)
+    assert doc["commit"] == served.commit and doc["bytes"] == sum(map(len, served.files.values()))
     assert {h["state"] for h in doc["hosts"].values()} == {"ready"}
     assert sorted(h["source"] for h in doc["hosts"].values()) == ["h1", "h2", "h3", "hub"]
     assert any("from hub" in line for line in doc["lines"]), doc["lines"]
     for cache in caches.values():
-        assert check(hub, cache)["state"] == "ready"
-        assert (cache / "hub" / "models--lab--unit-model" / "refs" / "main").read_text() == COMMIT
+        assert check(served, cache)["state"] == "ready"
+        assert (
+            cache / "hub" / "models--lab--unit-model" / "refs" / "main"
+        ).read_text() == served.commit
         assert oct(cache.stat().st_mode & 0o777) == "0o755"
         for blob in blobs(cache).iterdir():
             assert blob.stat().st_mode & 0o777 == 0o644 and blob.stat().st_uid == os.getuid()
@@ -209,62 +197,62 @@ def test_one_download_per_file_fanned_out_and_huggingface_hub_reads_it_offline(
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     ).stdout
-    assert out.splitlines()[0].endswith(f"snapshots/{COMMIT}")
-    assert '"llama"' in out
+    assert out.splitlines()[0].endswith(f"snapshots/{served.commit}")
+    assert "model_type" in out
     shard = Path(out.splitlines()[0]) / "model-00002-of-00002.safetensors"
-    assert shard.read_bytes() == FILES["model-00002-of-00002.safetensors"]
+    assert shard.read_bytes() == served.files["model-00002-of-00002.safetensors"]
 
 
 def test_a_second_prefetch_downloads_nothing_even_with_the_hub_gone(
-    hub: Hub, caches: dict[str, Path]
+    served: Hub, caches: dict[str, Path]
 ) -> None:
-    fan_out(hub, caches)
-    hub.downloads.clear()
-    assert fan_out(hub, caches)["hosts"]["h1"]["fetched"] == 0
-    assert not hub.downloads
-    hub.close()  # a restart, or a redeploy, while the hub is away: the cache is enough
-    doc = fan_out(hub, caches)
+    fan_out(served, caches)
+    before = served.downloads
+    assert fan_out(served, caches)["hosts"]["h1"]["fetched"] == 0
+    assert served.downloads == before
+    served.close()  # a restart, or a redeploy, while the hub is away: the cache is enough
+    doc = fan_out(served, caches)
     assert {h["fetched"] for h in doc["hosts"].values()} == {0}
 
 
 def test_a_corrupt_or_missing_file_is_found_and_fetched_again_from_a_peer(
-    hub: Hub, caches: dict[str, Path]
+    served: Hub, caches: dict[str, Path]
 ) -> None:
-    fan_out(hub, caches)
-    shard = hashlib.sha256(FILES["model-00001-of-00002.safetensors"]).hexdigest()
+    fan_out(served, caches)
+    shard = hashlib.sha256(served.files["model-00001-of-00002.safetensors"]).hexdigest()
     blob = blobs(caches["h3"]) / shard
     data = bytearray(blob.read_bytes())
     data[1000] ^= 0xFF
     blob.write_bytes(bytes(data))  # same size, other bytes
-    (blobs(caches["h4"]) / _git_oid(FILES["config.json"])).unlink()
-    assert check(hub, caches["h3"])["state"] == "corrupt"
-    assert check(hub, caches["h4"])["state"] == "missing"
-    hub.downloads.clear()
-    doc = fan_out(hub, caches)
-    assert not hub.downloads  # the hub host had them all: the peers served the repairs
+    (blobs(caches["h4"]) / _git_oid(served.files["config.json"])).unlink()
+    assert check(served, caches["h3"])["state"] == "corrupt"
+    assert check(served, caches["h4"])["state"] == "missing"
+    before = served.downloads
+    doc = fan_out(served, caches)
+    assert served.downloads == before  # the hub's host had them all: the peers repaired
     assert doc["hosts"]["h3"]["fetched"] == len(data)
-    assert blob.read_bytes() == FILES["model-00001-of-00002.safetensors"]
-    assert check(hub, caches["h3"])["state"] == check(hub, caches["h4"])["state"] == "ready"
+    assert blob.read_bytes() == served.files["model-00001-of-00002.safetensors"]
+    assert check(served, caches["h3"])["state"] == check(served, caches["h4"])["state"] == "ready"
 
 
-def test_a_partial_download_resumes_with_a_range(hub: Hub, caches: dict[str, Path]) -> None:
+def test_a_partial_download_resumes_with_a_range(served: Hub, caches: dict[str, Path]) -> None:
     one = {"h1": caches["h1"]}
     name = "model-00001-of-00002.safetensors"
-    partial = blobs(caches["h1"]) / (hashlib.sha256(FILES[name]).hexdigest() + ".incomplete")
+    partial = blobs(caches["h1"]) / (hashlib.sha256(served.files[name]).hexdigest() + ".incomplete")
     partial.parent.mkdir(parents=True)
-    partial.write_bytes(FILES[name][:100_000])
-    doc = fan_out(hub, one)
-    assert hub.tails[name] == 1 and name not in hub.downloads
-    assert doc["hosts"]["h1"]["fetched"] == len(FILES[name]) - 100_000 + sum(
-        len(d) for n, d in FILES.items() if n != name
+    partial.write_bytes(served.files[name][:100_000])
+    doc = fan_out(served, one)
+    assert name not in served.downloads  # a resumed tail: the hub counts no new download
+    assert doc["hosts"]["h1"]["fetched"] == len(served.files[name]) - 100_000 + sum(
+        len(d) for n, d in served.files.items() if n != name
     )
 
 
 def test_without_the_token_the_hub_refuses_and_the_error_names_host_and_cause(
-    hub: Hub, caches: dict[str, Path]
+    served: Hub, caches: dict[str, Path]
 ) -> None:
     with pytest.raises(HostError) as raised:
-        fan_out(hub, {"h1": caches["h1"], "h2": caches["h2"]}, token=None)
+        fan_out(served, {"h1": caches["h1"], "h2": caches["h2"]}, token=None)
     message = raised.value.one_line()
     assert "h1: HTTP 401" in message and "h2: no file list" in message
     assert TOKEN not in message
@@ -274,16 +262,16 @@ def test_without_the_token_the_hub_refuses_and_the_error_names_host_and_cause(
     "path", ["../../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "a b", ".."]
 )
 def test_a_hostile_file_path_from_the_hub_is_refused_before_anything_is_written(
-    hub: Hub, caches: dict[str, Path], path: str
+    served: Hub, caches: dict[str, Path], path: str
 ) -> None:
-    hub.tree_override = [
-        hub.entry("config.json", FILES["config.json"]),
-        {**hub.entry("config.json", b"x"), "path": path},
-    ]
-    with pytest.raises(HostError, match="not a model file path"):
-        fan_out(hub, {"h1": caches["h1"]})
-    assert not hub.downloads
+    hostile = HostileHub(served, path)
+    try:
+        with pytest.raises(HostError, match="not a model file path"):
+            fan_out(hostile, {"h1": caches["h1"]})  # type: ignore[arg-type]
+    finally:
+        hostile.server.shutdown()
     assert not list(blobs(caches["h1"]).iterdir())
+    assert not list((caches["h1"] / "hub" / "models--lab--unit-model" / "snapshots").iterdir())
 
 
 @pytest.mark.parametrize(
