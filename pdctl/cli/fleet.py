@@ -8,7 +8,9 @@ from typing import Any
 import click
 
 from pdctl import fleet as fleets
+from pdctl import layout
 from pdctl.cli.app import App, emit, pass_app
+from pdctl.fleet_model import DEFAULT_ENDPOINT
 
 
 @click.group()
@@ -91,13 +93,13 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     "--model-cache",
     metavar="DIR",
     help="The hosts' model cache (absolute path; the Hugging Face hub cache layout), mounted "
-    "read-only into the workers. [default: /var/lib/pdctl/models]",
+    f"read-only into the workers. [default: {layout.MODEL_CACHE}]",
 )
 @click.option(
     "--model-endpoint",
     metavar="URL",
     help="Where the models come from: a hub or a mirror of one, HF_ENDPOINT-style "
-    "(http(s)://HOST[:PORT][/PATH]). [default: https://huggingface.co]",
+    f"(http(s)://HOST[:PORT][/PATH]). [default: {DEFAULT_ENDPOINT}]",
 )
 @click.option(
     "--repin",
