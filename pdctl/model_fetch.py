@@ -187,15 +187,19 @@ class Cache:
 def digest_file(path: Path, lfs: bool) -> str:
     """The blob name a file's content gives: its sha256 (LFS) or its git blob oid."""
     with path.open("rb") as file:
-        return str(_hasher(file, lfs, os.fstat(file.fileno()).st_size).hexdigest())
+        digest = _new_digest(lfs, os.fstat(file.fileno()).st_size)
+        _feed(digest, file)
+        return str(digest.hexdigest())
 
 
-def _hasher(file: Any, lfs: bool, size: int) -> Any:
+def _new_digest(lfs: bool, size: int) -> Any:
     # git names a blob by the sha1 of its header and content: a name, not a security check
-    digest = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)  # noqa: S324
+    return hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)  # noqa: S324
+
+
+def _feed(digest: Any, file: Any) -> None:
     for chunk in iter(lambda: file.read(CHUNK), b""):
         digest.update(chunk)
-    return digest
 
 
 # ---------------------------------------------------------------- talking to a hub
@@ -340,6 +344,11 @@ class Fetcher:
             if offset and response.status != 206:  # the source ignored the range: start over
                 self.have -= offset
                 offset = 0
+            # Hashed as it arrives (a resumed file's head first): no second read of the blob.
+            digest = _new_digest(entry["lfs"], entry["size"])
+            if offset:
+                with partial.open("rb") as head:
+                    _feed(digest, head)
             with partial.open("ab" if offset else "wb") as out:
                 partial.chmod(0o644)
                 while True:
@@ -350,13 +359,14 @@ class Fetcher:
                         raise ValueError(f"{entry['path']}: the source sent more than its size")
                     out.write(chunk)
                     out.flush()  # a peer streams it from here to the next host
+                    digest.update(chunk)
                     offset += len(chunk)
                     self.have += len(chunk)
                     self.fetched += len(chunk)
                     self.progress()
         if offset != entry["size"]:
             raise ValueError(f"{entry['path']}: got {offset} of {entry['size']} bytes")
-        if digest_file(partial, entry["lfs"]) != entry["blob"]:
+        if digest.hexdigest() != entry["blob"]:
             partial.unlink()
             self.have -= offset
             raise ValueError(f"{entry['path']}: checksum mismatch (corrupt download)")
