@@ -4,7 +4,7 @@ Standard library only and no network: pdctl's plan checks a spec's model id and 
 these rules, and pdctl/model_fetch.py (which runs on the hosts) ships with this file's source
 in front of its own (pdctl/prefetch.py), so that both read one copy. Python 3.9 syntax.
 
-The layout (docs/facts.md, "Hugging Face hub cache"): ``<HF_HOME>/hub/models--ORG--NAME/``
+The layout (docs/facts.md, "Hugging Face Hub API and cache"): ``<HF_HOME>/hub/models--ORG--NAME/``
 holds ``blobs/<sha256 (LFS) or git blob oid>``, ``snapshots/<commit>/<path>`` (relative
 symlinks to the blobs) and ``refs/<revision>`` (the commit). Beside ``hub``, pdctl's own
 records: ``<HF_HOME>/pdctl/models--ORG--NAME/`` (each commit's file list, the blobs verified).

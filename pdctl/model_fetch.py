@@ -5,7 +5,7 @@ file's source over SSH and talks to it in JSON lines on stdin/stdout (``main()``
 imports it too for the layout and the name rules. So: standard library only, no pdctl
 imports, Python 3.9 syntax.
 
-The cache is the Hugging Face hub cache layout (docs/facts.md, "Hugging Face hub cache"), so
+The cache is the Hugging Face hub cache layout (docs/facts.md, "Hugging Face Hub API and cache"), so
 that an engine with ``HF_HOME`` on it and ``HF_HUB_OFFLINE=1`` finds the model:
 ``<cache>/hub/models--ORG--NAME/{blobs/<sha256|git oid>, snapshots/<commit>/<path> -> blob,
 refs/<revision>}``. Beside it, ``<cache>/pdctl/models--ORG--NAME/``: the file list of each
