@@ -300,6 +300,9 @@ class Fetcher:
 
     def _request(self, entry: dict[str, Any], offset: int) -> Any:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
+        if self.source["kind"] == "dir":
+            mirror = Cache(self.source["path"], self.manifest["repo"])
+            return _FileResponse(mirror.blob(entry["blob"]), offset)
         if self.source["kind"] == "hub":
             url = resolve_url(
                 self.source["endpoint"],
@@ -411,6 +414,54 @@ class Fetcher:
             self.fetch_one(entry)
         self.cache.set_ref(revision, self.manifest["commit"])
         self.progress(force=True)
+
+
+class _FileResponse:
+    """A blob of a local mirror read as a download (from ``offset``, like a Range)."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.file = path.open("rb")
+        self.file.seek(offset)
+        self.status = 206 if offset else 200
+
+    def __enter__(self) -> _FileResponse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+    def read(self, size: int) -> bytes:
+        return bytes(self.file.read(size))
+
+
+def dir_manifest(root: str, repo: str, revision: str) -> dict[str, Any]:
+    """The file list of a model in a local mirror: another hub cache (an NFS copy, a disk),
+    read as huggingface_hub would: refs/<revision> -> snapshots/<commit>/<path> -> blob.
+    Only the links' blob names are used: the blobs are read from the mirror's blobs/."""
+    mirror = Cache(root, repo)
+    commit = revision if COMMIT.match(revision) else mirror.ref(revision)
+    if commit is None:
+        raise RuntimeError(f"the mirror {root} has no {repo} at {revision}")
+    recorded = mirror.manifest(commit)
+    if recorded is not None:
+        return recorded
+    snapshot = mirror.root / "snapshots" / commit
+    files = []
+    for folder, _dirs, names in os.walk(snapshot):  # links to folders are not followed
+        for name in names:
+            link = Path(folder, name)
+            blob = link.readlink().name if link.is_symlink() else ""
+            files.append(
+                {
+                    "path": link.relative_to(snapshot).as_posix(),
+                    "size": mirror.blob(blob).stat().st_size,
+                    "blob": blob,
+                    "lfs": len(blob) == 64,
+                }
+            )
+    if not files:
+        raise RuntimeError(f"the mirror {root} has no files of {repo} at {commit}")
+    return check_manifest({"repo": repo, "commit": commit, "files": files})
 
 
 def _reason(exc: BaseException) -> str:
@@ -622,9 +673,11 @@ class Session:
     def _resolve(self, source: dict[str, Any] | None) -> dict[str, Any]:
         """The file list at the hub; the cache's own when the hub cannot be asked and the cache
         holds the revision whole (a restart, a redeploy: nothing to download anyway)."""
-        if source is None or source["kind"] != "hub":
+        if source is None or source["kind"] not in {"hub", "dir"}:
             raise RuntimeError("no file list and no hub to ask for it")
         try:
+            if source["kind"] == "dir":
+                return dir_manifest(source["path"], self.cache.repo, self.revision)
             return hub_manifest(
                 source["endpoint"], self.cache.repo, self.revision, source.get("token")
             )

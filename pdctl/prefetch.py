@@ -269,17 +269,13 @@ def _run_chain(
     chain: list[HostRun], channels: dict[str, Channel], request: Request, progress: Progress
 ) -> None:
     head = chain[0]
-    head.source = "hub"
+    source = _head_source(request)
+    head.source = "hub" if source["kind"] == "hub" else "mirror"
     threads = [
         threading.Thread(target=_follow, args=(r, channels[r.name], progress), daemon=True)
         for r in chain
     ]
-    channels[head.name].send(
-        {
-            "source": {"kind": "hub", "endpoint": request.endpoint, "token": request.token},
-            "manifest": None,
-        }
-    )
+    channels[head.name].send({"source": source, "manifest": None})
     threads[0].start()
     head.manifest_ready.wait()
     if head.manifest is None:
@@ -307,6 +303,13 @@ def _run_chain(
                 f"model on {run.name}: ready, {_mb(run.fetched)} fetched from {run.source} "
                 f"in {run.seconds:.1f} s"
             )
+
+
+def _head_source(request: Request) -> dict[str, Any]:
+    """The hub (its token with it), or a local mirror on the hosts (a path: no token)."""
+    if request.endpoint.startswith("/"):
+        return {"kind": "dir", "path": request.endpoint}
+    return {"kind": "hub", "endpoint": request.endpoint, "token": request.token}
 
 
 def _host(address: str) -> str:

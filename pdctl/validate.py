@@ -122,9 +122,15 @@ _ENDPOINT = re.compile(
 
 
 def endpoint_url(value: str) -> str:
-    """A hub's base URL (HF_ENDPOINT-style): http(s), a host, a port, a plain path; no user."""
+    """Where models come from: a hub's base URL (HF_ENDPOINT-style: http(s), a host, a port, a
+    plain path; no user), or a directory on the hosts holding a hub cache (a local mirror)."""
+    if value.startswith("/"):
+        return host_path(value)
     if not _ENDPOINT.match(value):
-        raise ValueError(f"{value!r}: use http(s)://HOST[:PORT][/PATH] (no user, query or spaces)")
+        raise ValueError(
+            f"{value!r}: use http(s)://HOST[:PORT][/PATH] (no user, query or spaces), "
+            "or a directory on the hosts"
+        )
     return value.rstrip("/")
 
 

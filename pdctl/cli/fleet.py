@@ -97,9 +97,10 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
 )
 @click.option(
     "--model-endpoint",
-    metavar="URL",
+    metavar="URL|DIR",
     help="Where the models come from: a hub or a mirror of one, HF_ENDPOINT-style "
-    f"(http(s)://HOST[:PORT][/PATH]). [default: {DEFAULT_ENDPOINT}]",
+    "(http(s)://HOST[:PORT][/PATH]), or a directory on the hosts holding a hub cache (an "
+    f"offline fleet's mirror). [default: {DEFAULT_ENDPOINT}]",
 )
 @click.option(
     "--repin",

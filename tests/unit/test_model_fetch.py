@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -137,7 +138,12 @@ def request(hub: Hub, token: str | None = TOKEN) -> prefetch.Request:
     )
 
 
-def fan_out(hub: Hub, caches: dict[str, Path], token: str | None = TOKEN) -> dict[str, Any]:
+def fan_out(
+    hub: Hub,
+    caches: dict[str, Path],
+    token: str | None = TOKEN,
+    request_doc: prefetch.Request | None = None,
+) -> dict[str, Any]:
     lines: list[str] = []
     channels: list[LocalChannel] = []
 
@@ -147,7 +153,10 @@ def fan_out(hub: Hub, caches: dict[str, Path], token: str | None = TOKEN) -> dic
 
     try:
         doc = prefetch.prefetch(
-            open_channel, dict.fromkeys(caches, "127.0.0.1"), request(hub, token), lines.append
+            open_channel,
+            dict.fromkeys(caches, "127.0.0.1"),
+            request_doc or request(hub, token),
+            lines.append,
         )
     finally:
         for channel in channels:
@@ -233,6 +242,22 @@ def test_a_corrupt_or_missing_file_is_found_and_fetched_again_from_a_peer(
     assert doc["hosts"]["h3"]["fetched"] == len(data)
     assert blob.read_bytes() == served.files["model-00001-of-00002.safetensors"]
     assert check(served, caches["h3"])["state"] == check(served, caches["h4"])["state"] == "ready"
+
+
+def test_an_offline_fleet_fills_its_caches_from_a_local_mirror(
+    served: Hub, caches: dict[str, Path], tmp_path: Path
+) -> None:
+    mirror = {"m": tmp_path / "mirror"}
+    fan_out(served, mirror)  # an HF cache copied to a disk or NFS the hosts mount
+    shutil.rmtree(mirror["m"] / "pdctl")  # as huggingface_hub leaves it: no pdctl records
+    served.close()  # no hub at all
+    offline = prefetch.Request(
+        repo=REPO, revision="main", cache="/unused", endpoint=str(mirror["m"]), token=TOKEN
+    )
+    doc = fan_out(served, caches, request_doc=offline)
+    assert [h["source"] for h in doc["hosts"].values()] == ["mirror", "h1", "h2", "h3"]
+    for cache in caches.values():
+        assert check(served, cache)["state"] == "ready"
 
 
 def test_a_partial_download_resumes_with_a_range(served: Hub, caches: dict[str, Path]) -> None:
