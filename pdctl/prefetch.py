@@ -46,7 +46,9 @@ _LOADER = (
 )
 COMMAND = f"sudo -n python3 -c {shlex.quote(_LOADER)}"
 REPORT_EVERY = 5.0  # seconds between two progress lines per host on the terminal
-HELLO_TIMEOUT = 120.0
+# The longest a fetcher may stay silent (it says its progress twice a second while it fetches;
+# hashing a large blob it found in its cache is the longest silence).
+READ_TIMEOUT = 600.0
 
 
 def script_input() -> bytes:
@@ -139,7 +141,7 @@ def ssh_opener(pool: ssh.Pool, targets: dict[str, ssh.Target]) -> Opener:
     def open_channel(host: str) -> Channel:
         with pool.session(targets[host]) as client:
             stdin, stdout, stderr = client.exec_command(COMMAND)
-        stdout.channel.settimeout(HELLO_TIMEOUT)  # then each read waits at most this long
+        stdout.channel.settimeout(READ_TIMEOUT)
         return Channel(stdin, stdout, stderr)
 
     return open_channel
