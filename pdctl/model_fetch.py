@@ -296,7 +296,6 @@ class Fetcher:
         self.fetched = 0  # bytes this run took from its source
         self.started = time.monotonic()
         self._said = 0.0
-        self.failed: str | None = None
 
     def _request(self, entry: dict[str, Any], offset: int) -> Any:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
