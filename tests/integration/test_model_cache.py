@@ -126,6 +126,11 @@ def test_the_cache_is_root_only_and_read_only_offline_in_the_workers(deployed: D
         node, f"podman exec {container} touch /root/.cache/huggingface/x 2>&1", check=False
     )
     assert "Read-only file system" in touched
+    # The stand-in loaded the weights from the cache, as an engine would (else it refuses).
+    unit = f"pd-{SERVICE}-decode@{replica['slot']}.service"
+    journal = deployed.root(node, f"journalctl -u {unit} -o cat --no-pager")
+    assert f"Loading weights of {REPO} from /root/.cache/huggingface/hub/" in journal, journal
+    assert "Load weight end." in journal
     # The token reached the hub (it requires it) and no host's journal or process list.
     for gpu in deployed.lab.gpu_hosts():
         pattern = f"[{deployed.token[0]}]{deployed.token[1:]}"  # matches it, not itself
