@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.lablib import FLEET, BenchError, BenchLab, stopwatch
-from pdctl import inventory, layout, prefetch, ssh
+from pdctl import hf_layout, inventory, layout, prefetch, ssh
+from pdctl.lab import hub_models
 from pdctl.workspace import Workspace
 
 REPO = "lab/bench-1g"
@@ -80,6 +81,14 @@ def _all_from_the_hub(fleet: Fleet, log: Callable[[str], None]) -> None:
     if errors:
         raise BenchError(f"baseline download failed: {errors[0]}")
     log(f"baseline: {len(fleet.names)} hosts downloaded the model from the hub")
+
+
+def check_inputs() -> None:
+    """What the run would give the lab: a valid model id, the hub at a tenth of the links."""
+    hf_layout.check_repo_id(REPO)
+    link, hub = hub_models.parse_size(LINK_RATE), hub_models.parse_size(HUB_RATE)
+    if link != 10 * hub:
+        raise BenchError(f"the hub's cap {HUB_RATE} is not a tenth of the links' {LINK_RATE}")
 
 
 def prepare(lab: BenchLab) -> None:

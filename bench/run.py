@@ -216,6 +216,8 @@ def dry_run(hosts: int, small: int) -> None:
     )
     baseline.defaults_config(out)
     progress("baseline playbook (syntax checked) and config written")
+    model_fanout.check_inputs()
+    progress("model-fanout: the model id and the caps (the hub at a tenth of the links) hold")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
