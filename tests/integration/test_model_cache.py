@@ -142,6 +142,13 @@ def test_the_cache_is_root_only_and_read_only_offline_in_the_workers(deployed: D
         assert seen.split() == ["0", "0"], seen
 
 
+def test_a_pipeline_prefetch_of_a_filled_fleet_downloads_nothing(deployed: Deployed) -> None:
+    before = deployed.downloads()
+    doc = deployed.json("prefetch", str(deployed.lab.home / "pd.yml"), "--fleet", "lab")
+    assert {h["fetched"] for h in doc["model"]["hosts"].values()} == {0}
+    assert deployed.downloads() == before
+
+
 def test_scale_out_serves_within_a_minute_with_no_new_download(deployed: Deployed) -> None:
     before = deployed.downloads()
     pdctl(deployed.lab.home, "scale", SERVICE, "decode", "2", env=deployed.env)

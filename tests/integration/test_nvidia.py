@@ -106,6 +106,8 @@ def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         lab = Lab(home)
         status = lab.status()
         pdctl(home, *status["fleet_add"].split()[1:])
+        # The example's model, on the lab's hub: the deploy fills the hosts' cache from it.
+        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")
         spec = home / "pd.yml"
         spec.write_text(lab_spec(status["worker_image"]))
         deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
@@ -283,6 +285,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
             pdctl(home, *up)
         lab = Lab(home)
         pdctl(home, *lab.status()["fleet_add"].split()[1:])
+        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")  # the NVIDIA example's model
         yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
         for service in ("pdlab", SERVICE):
             pdctl(home, "destroy", service, "-y", env=env, check=False)
