@@ -125,7 +125,8 @@ def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None
         (gpu,) = slot["gpus"]
         assert slot["rdma_devices"] == [f"mlx5_{gpu}"], slot
         assert slot["ucx_net_devices"] == [f"mlx5_{gpu}:1"], slot
-    assert doc["plan"]["volumes"] == []  # CUDA images carry libmlx5: nothing mounted
+    # CUDA images carry libmlx5: no library mounted; the model cache only (read-only).
+    assert doc["plan"]["volumes"] == ["/var/lib/pdctl/models:/root/.cache/huggingface:ro"]
     assert doc["plan"]["notes"] == []
     text = nv.pdctl("plan", str(nv.spec), "--fleet", "lab").stdout
     assert "nics" in text and "mlx5_0" in text
