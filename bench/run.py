@@ -13,6 +13,9 @@ R = B / A (higher is better):
 - check: `fleet check` versus the same checks host after host.
 - scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
   scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
+- model-fanout: a 1 GB model onto 8 and 16 hosts of the big lab, the hub capped at a tenth of
+  the hosts' links: pdctl's prefetch (one download, fanned out in the fleet) versus every host
+  downloading it from the hub at once (bench/model_fanout.py). Last: its caps stay on.
 - scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/) and
   bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS).
 
@@ -32,7 +35,7 @@ from pathlib import Path
 if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import actions, baseline, scaler_phases, scaler_sim
+from bench import actions, baseline, model_fanout, scaler_phases, scaler_sim
 from bench.lablib import (
     FLEET,
     OUT,
@@ -46,7 +49,7 @@ from bench.lablib import (
 )
 from pdctl import spec
 
-NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action")
+NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action", "model-fanout")
 STARTED = time.monotonic()
 CONTROLLER_CPU: dict[int, float] = {}  # hosts -> CPU seconds of pdctl's first deploy's process tree
 
@@ -124,6 +127,7 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
             progress(f"fleet check, {hosts} hosts one after the other")
             result(line("check", took[0], baseline.check_host_after_host(lab), hosts))
         if not {"deploy", "redeploy", "scale-action"} & wanted:
+            fanout(wanted, lab)
             return
         spec = lab.write_spec()
         progress(f"deploy with pdctl on {hosts} hosts")
@@ -167,8 +171,31 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
                     f"its time at {few} hosts; its controller's CPU "
                     f"{CONTROLLER_CPU.get(hosts, 0):.1f} s vs {CONTROLLER_CPU.get(few, 0):.1f} s"
                 )
+        fanout(wanted, lab)  # last: the link caps it sets would slow the deploys
 
     with_lab(hosts, body)
+
+
+def fanout(wanted: set[str], lab: BenchLab) -> None:
+    if "model-fanout" not in wanted:
+        return
+    progress(
+        f"model-fanout: hub {model_fanout.HUB_RATE}/s, links {model_fanout.LINK_RATE}/s, "
+        f"{model_fanout.SIZE} model"
+    )
+    model_fanout.prepare(lab)
+    for count in sorted({min(8, lab.hosts), lab.hosts}):
+        ours, theirs, downloads = model_fanout.measure(lab, count, progress)
+        result(
+            line(
+                "model-fanout",
+                ours,
+                theirs,
+                count,
+                f"{downloads} hub downloads for pdctl's (one per file), all hosts at once for "
+                "the baseline",
+            )
+        )
 
 
 def dry_run(hosts: int, small: int) -> None:
@@ -189,6 +216,8 @@ def dry_run(hosts: int, small: int) -> None:
     )
     baseline.defaults_config(out)
     progress("baseline playbook (syntax checked) and config written")
+    model_fanout.check_inputs()
+    progress("model-fanout: the model id and the caps (the hub at a tenth of the links) hold")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from pdctl import drift, inventory, layout, runner, sharing, unhealthy
+from pdctl import drift, inventory, layout, prefetch, runner, sharing, unhealthy
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
@@ -26,6 +26,7 @@ from pdctl.results import (
     DestroyResult,
     EndpointResult,
     GroupStatus,
+    ModelStatus,
     ReplicaStatus,
     RouterStatus,
     ScalerStatus,
@@ -260,6 +261,8 @@ def apply(
     with nullcontext() if dry_run else services.applying(workspace, plan):
         if not dry_run:
             drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
+            # Before any unit starts: a worker finds its model in the host's cache.
+            doc.model = prefetch.for_plan(workspace, plan, progress)
         summary = runner.run_playbook(
             "deploy.yml",
             fleet_dir,
@@ -426,6 +429,9 @@ def status(workspace: Workspace, name: str) -> StatusResult:
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
         scaler = control.recorded(handle_store(handle)) if not handle.router_problem else None
+        model = prefetch.status(
+            plan, handle.fleet.settings.model_endpoint, handle.pool, handle.targets
+        )
     scaler_alive = control.alive(scaler)
     decisions = (scaler or {}).get("groups") or {}
     pins = (scaler or {}).get("pins") or {}
@@ -483,6 +489,7 @@ def status(workspace: Workspace, name: str) -> StatusResult:
             prefill=groups["prefill"],
             decode=groups["decode"],
         ),
+        model=ModelStatus.model_validate(model) if model else None,
     )
 
 

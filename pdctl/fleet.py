@@ -305,6 +305,8 @@ class AddOptions:
     nic_driver: str | None = None
     link_layer: str | None = None
     wheelhouse: str | None = None
+    model_cache: str | None = None
+    model_endpoint: str | None = None
     repin: bool = False
 
 
@@ -368,6 +370,8 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
         "expect_nics": options.expect_nics,
         "expect_gpus": options.expect_gpus,
         "wheelhouse": options.wheelhouse,
+        "model_cache": options.model_cache,
+        "model_endpoint": options.model_endpoint,
         **_hardware_updates(options),
     }
     for key_name, value in updates.items():
@@ -467,18 +471,21 @@ def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress
             "--proxy-jump J --repin alone re-pins a fleet's jump host",
         )
     previous_jump = inventory.jump_target(fleet.settings) if fleet.hosts else None
+    previous_settings = fleet.settings.model_copy()
     fleet.settings = _settings(fleet.settings if fleet.hosts else None, options)
+    settings_changed = bool(fleet.hosts) and fleet.settings != previous_settings
     targets = _targets(workspace, name, specs, options.user or "root")
     known = _known_hosts(workspace, name)
     jump_pinned = _pin_jump(fleet, known, previous_jump, options, progress)
     touched = _touch(fleet, targets, known, options.repin)
     if not touched:
-        if jump_pinned:
+        if jump_pinned or settings_changed:
             known.save()
             inventory.save(workspace, fleet)
         else:
             progress("every host is already in the fleet: nothing to do")
-        return {**report(fleet, _in_order(fleet, targets), known), "changed": jump_pinned}
+        changed = jump_pinned or settings_changed
+        return {**report(fleet, _in_order(fleet, targets), known), "changed": changed}
     _check(workspace, fleet, touched, known, progress, gather=True, pin_new=True)
     return {**report(fleet, _in_order(fleet, targets), known), "changed": True}
 

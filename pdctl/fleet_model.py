@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from pdctl import validate
+from pdctl import layout, validate
 
 HostKind = Literal["gpu", "cpu", "new"]
 # "any"/"auto": a fleet mixing vendors, each host checked by what it has.
@@ -19,6 +19,7 @@ GpuVendor = Literal["amd", "nvidia", "any"]
 LinkLayer = Literal["eth", "ib", "auto"]
 # The libibverbs provider's name (lib<driver>-rdmav*.so): bnxt_re, mlx5, irdma, ...
 NIC_DRIVER = r"^[a-z][a-z0-9_]{0,31}$"
+DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -51,6 +52,10 @@ class FleetSettings(BaseModel):
     # Wheels on the hosts for SMG and the scaler when they have no internet; a spec's
     # pdctl.wheelhouse wins.
     wheelhouse: Annotated[str, AfterValidator(validate.host_path)] | None = None
+    # The hosts' model cache (pdctl/model_cache.py), and where its models come from: a hub or
+    # a mirror of one (HF_ENDPOINT-style).
+    model_cache: Annotated[str, AfterValidator(validate.host_path)] = layout.MODEL_CACHE
+    model_endpoint: Annotated[str, AfterValidator(validate.endpoint_url)] = DEFAULT_ENDPOINT
 
 
 class Preflight(BaseModel):

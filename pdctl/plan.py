@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from pdctl import layout, topology, validate
+from pdctl import layout, model_cache, topology, validate
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
@@ -201,6 +201,10 @@ class Plan(BaseModel):
     stop_timeout: int
     probe: ProbePlan
     model: str | None
+    # The hub model fetched into the hosts' cache before the units start (None: none).
+    model_repo: str | None = None
+    model_revision: str | None = None
+    model_cache: str | None = None
     # Keyed hash of the secrets' values (pdctl/drift.py secrets_digest), never a value.
     # "" without secrets, and in plans stored before it existed.
     secrets_digest: str = ""
@@ -484,6 +488,8 @@ def build(
     group's config covers.
     """
     others = [h for h in held if h.service != spec.name]
+    cache = model_cache.plan_cache(spec, env, fleet.settings.model_cache)
+    env = model_cache.worker_env(cache, env)
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
     router_host = _router_host(spec, hosts)
@@ -500,7 +506,10 @@ def build(
         groups[role].max = len(groups[role].slots)
     notes = _wire_slots(spec, env, groups, gpus)
     plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
-    plan.volumes = _volumes(spec, fleet, plan.slots(), gpus)
+    plan.volumes = model_cache.cache_volume(cache, _volumes(spec, fleet, plan.slots(), gpus))
+    if cache is not None:
+        plan.model_repo, plan.model_revision = cache.repo, cache.revision
+        plan.model_cache = cache.cache
     plan.notes = notes
     plan.scaler_metrics_port = _scaler_port(plan, others)
     _check_listeners(plan, others)

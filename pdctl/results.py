@@ -35,6 +35,18 @@ class DeployResult(BaseModel):
     )  # why the hosts needed a converge ([] when it was not checked)
     endpoint: str
     api_key_file: str  # host:path
+    # The model prefetch: repo, revision, commit, bytes, seconds, and per host its state,
+    # source, bytes fetched, rate (None: the plan fetches no model, or nothing ran).
+    model: dict[str, Any] | None = None
+
+
+class ModelStatus(BaseModel):
+    """The plan's model in the caches of the hosts with a slot."""
+
+    repo: str
+    revision: str
+    bytes: int | None
+    hosts: dict[str, str]  # host -> ready | fetching | missing | corrupt | unknown
 
 
 class RouterStatus(BaseModel):
@@ -96,6 +108,7 @@ class StatusResult(BaseModel):
     api_key_file: str
     scaler: ScalerStatus
     groups: StatusGroups
+    model: ModelStatus | None = None
 
 
 class DestroyResult(BaseModel):

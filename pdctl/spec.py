@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdctl import layout, validate
+from pdctl import hf_layout, layout, validate
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import GpuVendor
@@ -608,6 +608,9 @@ class PdctlSettings(Strict):
     ports: PdctlPorts = Field(default_factory=PdctlPorts)
     wheelhouse: HostPath | None = Field(
         None, description="Directory of wheels on the router host (offline SMG install)."
+    )
+    model_revision: Annotated[str, AfterValidator(hf_layout.check_revision)] | None = Field(
+        None, description="The model's branch, tag or commit fetched into the cache (main)."
     )
 
 

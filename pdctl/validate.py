@@ -115,6 +115,25 @@ def volume(value: str) -> str:
     return value
 
 
+_ENDPOINT = re.compile(
+    r"^https?://(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9-]{1,63})*|\[[0-9A-Fa-f:.]+\])"
+    r"(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~/-]*)?\Z"
+)
+
+
+def endpoint_url(value: str) -> str:
+    """Where models come from: a hub's base URL (HF_ENDPOINT-style: http(s), a host, a port, a
+    plain path; no user), or a directory on the hosts holding a hub cache (a local mirror)."""
+    if value.startswith("/"):
+        return host_path(value)
+    if not _ENDPOINT.match(value):
+        raise ValueError(
+            f"{value!r}: use http(s)://HOST[:PORT][/PATH] (no user, query or spaces), "
+            "or a directory on the hosts"
+        )
+    return value.rstrip("/")
+
+
 def url_path(value: str) -> str:
     if not _URL_PATH.match(value):
         raise ValueError(

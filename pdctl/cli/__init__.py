@@ -67,6 +67,7 @@ cli.add_command(fleet.fleet)
 for command in (
     service.plan,
     service.deploy,
+    service.prefetch,
     service.status,
     service.endpoint,
     service.logs,

@@ -8,7 +8,9 @@ from typing import Any
 import click
 
 from pdctl import fleet as fleets
+from pdctl import layout
 from pdctl.cli.app import App, emit, pass_app
+from pdctl.fleet_model import DEFAULT_ENDPOINT
 
 
 @click.group()
@@ -88,6 +90,19 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     "without internet; a spec's pdctl.wheelhouse wins.",
 )
 @click.option(
+    "--model-cache",
+    metavar="DIR",
+    help="The hosts' model cache (absolute path; the Hugging Face hub cache layout), mounted "
+    f"read-only into the workers. [default: {layout.MODEL_CACHE}]",
+)
+@click.option(
+    "--model-endpoint",
+    metavar="URL|DIR",
+    help="Where the models come from: a hub or a mirror of one, HF_ENDPOINT-style "
+    "(http(s)://HOST[:PORT][/PATH]), or a directory on the hosts holding a hub cache (an "
+    f"offline fleet's mirror). [default: {DEFAULT_ENDPOINT}]",
+)
+@click.option(
     "--repin",
     is_flag=True,
     help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
@@ -110,6 +125,8 @@ def add(
     nic_driver: str | None,
     link_layer: str | None,
     wheelhouse: str | None,
+    model_cache: str | None,
+    model_endpoint: str | None,
     repin: bool,
     yes: bool,
 ) -> None:
@@ -128,6 +145,8 @@ def add(
         nic_driver=nic_driver,
         link_layer=link_layer,
         wheelhouse=wheelhouse,
+        model_cache=model_cache,
+        model_endpoint=model_endpoint,
         repin=repin,
     )
     with app.out.progress(f"fleet add {name}") as progress:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pdctl import deploy as deploys
+from pdctl import prefetch as prefetches
 from pdctl import service as services
 from pdctl.cli.app import App, pass_app
 from pdctl.errors import InputError
@@ -77,6 +78,31 @@ def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: P
         "warnings": warnings,
     }
     app.out.result(doc, lambda: _show_plan(app, planned, changes))
+
+
+@click.command()
+@SPEC
+@FLEET
+@PARTIAL
+@pass_app
+def prefetch(app: App, spec: Path, fleet: str | None, allow_partial: bool) -> None:
+    """Fill the model cache of every host with a slot of SPEC's plan (what `deploy` does
+    first): for a pipeline that runs `pdctl plan -o` and ansible-playbook itself."""
+    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    with app.out.progress(f"prefetch {planned.model_repo or '(no model)'}") as progress:
+        doc = prefetches.for_plan(app.workspace, planned, progress)
+
+    def render() -> None:
+        if doc is None:
+            app.out.line("the plan names no hub model: nothing to fetch")
+            return
+        for host, run in doc["hosts"].items():
+            app.out.line(
+                f"{host}: {run['state']}, {run['fetched'] / 1e6:.0f} MB from {run['source']} "
+                f"in {run['seconds']:.1f} s"
+            )
+
+    app.out.result({"model": doc}, render)
 
 
 @click.command()
@@ -153,6 +179,12 @@ def deploy(
         )
         if doc.rolled:
             app.out.line(f"rolled: {', '.join(doc.rolled)}")
+        if doc.model is not None:
+            fetched = sum(h["fetched"] for h in doc.model["hosts"].values())
+            app.out.line(
+                f"model {doc.model['repo']}: ready on {len(doc.model['hosts'])} host(s), "
+                f"{fetched / 1e6:.0f} MB fetched in {doc.model['seconds']:.1f} s"
+            )
         _endpoint_line(app, doc)
 
     app.out.result(doc, render)
@@ -175,6 +207,10 @@ def _render_status(app: App, doc: StatusResult) -> None:
     scaler = doc.scaler
     rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
     app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}")
+    if doc.model is not None:
+        hosts = ", ".join(f"{host} {state}" for host, state in doc.model.hosts.items())
+        size = f", {doc.model.bytes / 1e6:.0f} MB" if doc.model.bytes else ""
+        app.out.line(f"model {doc.model.repo}@{doc.model.revision}{size}: {hosts}")
     rows = []
     for role in WORKER_ROLES:
         group = doc.groups.worker(role)

@@ -407,6 +407,8 @@ def test_env_values_keep_their_source_text(home: Path, tmp_path: Path) -> None:
         pdctl(home, "--json", "plan", str(spec), "--fleet", "f", env={"HF_TOKEN": "x"}).stdout
     )["plan"]
     assert plan["env"] == {
+        "HF_HOME": "/root/.cache/huggingface",  # the model cache's, for the spec's model
+        "HF_HUB_OFFLINE": "1",
         "MODEL_ID": "org/model",
         "A": "yes",
         "B": "010",
@@ -439,6 +441,8 @@ def test_plan_file_marks_every_string_unsafe(home: Path, tmp_path: Path) -> None
     pdctl(home, "plan", str(spec), "--fleet", "f", "-o", str(out), env={"HF_TOKEN": "x"})
     loaded = DataLoader().load_from_file(str(out), trusted_as_template=True)
     assert loaded["pd_env"] == {  # every value still the text it was, no YAML retyping
+        "HF_HOME": "/root/.cache/huggingface",  # the model cache's, for the spec's model
+        "HF_HUB_OFFLINE": "1",
         "MODEL_ID": "org/model",
         "X": "{{ lookup('pipe', 'id') }}",
         "N": "3",

@@ -106,6 +106,8 @@ def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         lab = Lab(home)
         status = lab.status()
         pdctl(home, *status["fleet_add"].split()[1:])
+        # The example's model, on the lab's hub: the deploy fills the hosts' cache from it.
+        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")
         spec = home / "pd.yml"
         spec.write_text(lab_spec(status["worker_image"]))
         deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
@@ -123,7 +125,8 @@ def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None
         (gpu,) = slot["gpus"]
         assert slot["rdma_devices"] == [f"mlx5_{gpu}"], slot
         assert slot["ucx_net_devices"] == [f"mlx5_{gpu}:1"], slot
-    assert doc["plan"]["volumes"] == []  # CUDA images carry libmlx5: nothing mounted
+    # CUDA images carry libmlx5: no library mounted; the model cache only (read-only).
+    assert doc["plan"]["volumes"] == ["/var/lib/pdctl/models:/root/.cache/huggingface:ro"]
     assert doc["plan"]["notes"] == []
     text = nv.pdctl("plan", str(nv.spec), "--fleet", "lab").stdout
     assert "nics" in text and "mlx5_0" in text
@@ -283,6 +286,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
             pdctl(home, *up)
         lab = Lab(home)
         pdctl(home, *lab.status()["fleet_add"].split()[1:])
+        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")  # the NVIDIA example's model
         yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
         for service in ("pdlab", SERVICE):
             pdctl(home, "destroy", service, "-y", env=env, check=False)

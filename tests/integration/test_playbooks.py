@@ -227,6 +227,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         extravars = planned.extravars()
         plan_file = home / "plan.yml"
         write_plan_file(planned, plan_file)  # what `pdctl plan -o` writes for a pipeline
+        # A pipeline's first step: the model into the hosts' cache (`pdctl deploy` does it).
+        pdctl(home, "prefetch", str(spec_file), "--fleet", "lab", env={"HF_TOKEN": token})
         hosts = {h["name"]: h for h in lab.status()["hosts"]}
         nodes = {h["address"]: name for name, h in hosts.items()}
         yield Deployment(

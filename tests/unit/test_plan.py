@@ -216,7 +216,8 @@ def test_provider_library_is_mounted_once() -> None:
     hosts = [host("cpu1", "cpu"), *(host(f"gpu{i}") for i in range(1, 4))]
     plan2 = build(dstack, env2, fleet(*hosts), allow_partial=True, secrets_digest="")
     assert plan2.volumes == [
-        f"/usr/lib64/libibverbs/libbnxt_re-rdmav34.so:{CONTAINER_PROVIDER_LIB}:ro"
+        f"/usr/lib64/libibverbs/libbnxt_re-rdmav34.so:{CONTAINER_PROVIDER_LIB}:ro",
+        "/var/lib/pdctl/models:/root/.cache/huggingface:ro",  # the model cache (issue 16)
     ]
 
 

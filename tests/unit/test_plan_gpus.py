@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {"HF_TOKEN": "hf_value"}
 CHECKED = Preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00", checks=[])
 
+CACHE_MOUNT = "/var/lib/pdctl/models:/root/.cache/huggingface:ro"  # the model cache
+
 
 def host(name: str, address: str, facts: dict[str, Any] | None, kind: str = "gpu") -> FleetHost:
     return FleetHost(
@@ -59,7 +61,8 @@ def test_the_smg_example_lands_on_h200_hosts_one_gpu_per_replica() -> None:
     assert plan.router.args == ["--prefill-policy", "cache_aware"]
     # NIXL's router side is Mooncake's: HTTP workers, prefill bootstrap ports.
     assert all(s.bootstrap_port for s in plan.groups["prefill"].slots)
-    assert plan.volumes == []  # CUDA images carry libmlx5: no host library mounted
+    # CUDA images carry libmlx5: no host library mounted; the model cache only (issue 16).
+    assert plan.volumes == [CACHE_MOUNT]
 
 
 def test_nvidia_slot_env_names_its_cdi_devices_nics_and_ucx_devices() -> None:
@@ -106,7 +109,8 @@ def test_mooncake_slots_get_their_nics_but_no_ucx_settings() -> None:
     # The host's bnxt_re library, from its facts, mounted where the ROCm image looks.
     assert plan.volumes == [
         "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so:"
-        "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so:ro"
+        "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so:ro",
+        CACHE_MOUNT,
     ]
 
 
@@ -115,7 +119,8 @@ def test_provider_library_on_nvidia_hosts_only_when_asked() -> None:
     plan = plan_of(parse(text, Path("pd.yml"), ENV), h200_fleet())
     assert plan.volumes == [
         "/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so:"
-        "/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so:ro"
+        "/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so:ro",
+        CACHE_MOUNT,
     ]
     amd_text = (
         (REPO / "examples/lab/pd.yml")
@@ -130,7 +135,7 @@ def test_provider_library_on_nvidia_hosts_only_when_asked() -> None:
         secrets_digest="",
         allow_partial=True,
     )
-    assert amd.volumes == []
+    assert amd.volumes == [CACHE_MOUNT]
 
 
 def test_provider_lib_setting_is_validated() -> None:

@@ -50,6 +50,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "drift": [],
         "endpoint": "http://10.0.0.1:8000",
         "api_key_file": "cpu1:/etc/pdctl/svc/router.env",
+        "model": None,
     }
     assert list(doc) == [
         "service",
@@ -62,6 +63,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "drift",
         "endpoint",
         "api_key_file",
+        "model",
     ]
 
 
@@ -132,6 +134,7 @@ def test_status_result_keys() -> None:
         "api_key_file",
         "scaler",
         "groups",
+        "model",
     ]
     assert doc["scaler"] == {"running": True, "rps": 3.25, "recorded_at": 1700000000.5}
     assert list(doc["groups"]) == ["router", "prefill", "decode"]

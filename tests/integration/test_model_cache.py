@@ -1,0 +1,170 @@
+"""Issue 16's acceptance on a 4-host lab (1 CPU + 3 GPU hosts): the model comes from the lab's
+hub once per file, fanned out inside the fleet into every slot host's cache; the workers load
+it from there (read-only, offline); a scale-out and a killed worker download nothing.
+
+One lab and one deployment for the module: the tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Lab, pdctl, require_lab, start_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "examples" / "lab" / "pd.yml"
+SERVICE = "pdlab"
+REPO = "lab/fanout-256m"
+CACHE = "/var/lib/pdctl/models"
+
+
+@dataclass
+class Deployed:
+    lab: Lab
+    env: dict[str, str]
+    token: str
+    deploy: dict[str, Any]
+
+    def json(self, *args: str) -> Any:
+        return json.loads(pdctl(self.lab.home, "--json", *args, env=self.env).stdout)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.json("status", SERVICE)
+        return doc
+
+    def downloads(self) -> dict[str, int]:
+        hub = self.lab.status()["hub"]
+        return {k: v for k, v in hub["downloads"].items() if k.startswith(f"{REPO}/")}
+
+    def root(self, node: str, command: str, check: bool = True) -> str:
+        return self.lab.ssh(node, command, user="root", check=check).stdout
+
+    def wait(self, what: str, ok: Callable[[dict[str, Any]], bool], timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if ok(self.status()):
+                return time.monotonic() - started
+            time.sleep(2)
+        raise AssertionError(f"{what}: not within {timeout:.0f} s; status: {self.status()}")
+
+
+def serving(doc: dict[str, Any], role: str, count: int) -> bool:
+    group = doc["groups"][role]
+    ready = [r for r in group["replicas"] if r["state"] == "active" and r["healthy"]]
+    return group["running"] == count and len(ready) == count
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    require_lab()
+    lab = start_lab(tmp_path_factory.mktemp("model-cache"), hosts=4, cpu_hosts=1)
+    home = lab.home
+    try:
+        token = f"hf_{uuid.uuid4().hex}"
+        token_file = home / "hub-token"
+        token_file.write_text(token)
+        pdctl(home, "lab", "hub", "token", "--file", str(token_file))
+        pdctl(home, "lab", "hub", "add", REPO, "--size", "256M")
+        pdctl(home, *lab.status()["fleet_add"].split()[1:])
+        spec = home / "pd.yml"
+        text = SPEC.read_text().replace("lab/tiny-llama", REPO)
+        assert text.count(REPO) == 2  # the env's MODEL_ID and the spec's model
+        spec.write_text(text)
+        env = {"HF_TOKEN": token}
+        doc = json.loads(
+            pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
+        )
+        yield Deployed(lab=lab, env=env, token=token, deploy=doc)
+    finally:
+        pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
+
+
+def test_deploy_takes_each_file_from_the_hub_once_and_fills_every_gpu_host(
+    deployed: Deployed,
+) -> None:
+    model = deployed.deploy["model"]
+    gpu_addresses = {deployed.lab.host(n)["address"] for n in deployed.lab.gpu_hosts()}
+    assert set(model["hosts"]) == gpu_addresses  # spares' hosts too: every slot host
+    assert model["bytes"] >= 256 << 20
+    sources = sorted(h["source"] for h in model["hosts"].values())
+    assert sources.count("hub") == 1, sources  # one host talks to the hub, the rest to peers
+    downloads = deployed.downloads()
+    assert downloads and set(downloads.values()) == {1}, downloads
+    listed = deployed.root(
+        deployed.lab.gpu_hosts()[0], f"ls {CACHE}/hub/models--lab--fanout-256m/snapshots/*/"
+    )
+    assert len(downloads) == len(listed.split())
+
+
+def test_status_shows_the_model_ready_on_the_three_gpu_hosts(deployed: Deployed) -> None:
+    model = deployed.status()["model"]
+    gpu_addresses = {deployed.lab.host(n)["address"] for n in deployed.lab.gpu_hosts()}
+    assert model["repo"] == REPO and model["revision"] == "main"
+    assert model["bytes"] >= 256 << 20
+    assert model["hosts"] == dict.fromkeys(gpu_addresses, "ready")
+
+
+def test_the_cache_is_root_only_and_read_only_offline_in_the_workers(deployed: Deployed) -> None:
+    doc = deployed.status()
+    replica = next(r for r in doc["groups"]["decode"]["replicas"] if r["state"] == "active")
+    node = deployed.lab.node_at(replica["host"])
+    assert deployed.root(node, f"stat -c '%U %a' {CACHE}").split() == ["root", "755"]
+    writable = deployed.root(node, f"find {CACHE} -perm /022 ! -type l | head -3")
+    assert writable == ""
+    container = f"pd-{SERVICE}-decode-{replica['slot']}"
+    env = deployed.root(node, f"podman exec {container} env")
+    assert "HF_HOME=/root/.cache/huggingface" in env and "HF_HUB_OFFLINE=1" in env
+    touched = deployed.root(
+        node, f"podman exec {container} touch /root/.cache/huggingface/x 2>&1", check=False
+    )
+    assert "Read-only file system" in touched
+    # The stand-in loaded the weights from the cache, as an engine would (else it refuses).
+    unit = f"pd-{SERVICE}-decode@{replica['slot']}.service"
+    journal = deployed.root(node, f"journalctl -u {unit} -o cat --no-pager")
+    assert f"Loading weights of {REPO} from /root/.cache/huggingface/hub/" in journal, journal
+    assert "Load weight end." in journal
+    # The token reached the hub (it requires it) and no host's journal or process list.
+    for gpu in deployed.lab.gpu_hosts():
+        pattern = f"[{deployed.token[0]}]{deployed.token[1:]}"  # matches it, not itself
+        seen = deployed.root(
+            gpu,
+            f"journalctl -o cat | grep -c '{pattern}'; ps -ef | grep -c '{pattern}'",
+            check=False,
+        )
+        assert seen.split() == ["0", "0"], seen
+
+
+def test_a_pipeline_prefetch_of_a_filled_fleet_downloads_nothing(deployed: Deployed) -> None:
+    before = deployed.downloads()
+    doc = deployed.json("prefetch", str(deployed.lab.home / "pd.yml"), "--fleet", "lab")
+    assert {h["fetched"] for h in doc["model"]["hosts"].values()} == {0}
+    assert deployed.downloads() == before
+
+
+def test_scale_out_serves_within_a_minute_with_no_new_download(deployed: Deployed) -> None:
+    before = deployed.downloads()
+    pdctl(deployed.lab.home, "scale", SERVICE, "decode", "2", env=deployed.env)
+    took = deployed.wait("decode at 2", lambda d: serving(d, "decode", 2), 60)
+    assert took < 60
+    assert deployed.downloads() == before
+
+
+def test_a_killed_worker_comes_back_with_no_new_download(deployed: Deployed) -> None:
+    before = deployed.downloads()
+    doc = deployed.status()
+    replica = next(r for r in doc["groups"]["prefill"]["replicas"] if r["state"] == "active")
+    node = deployed.lab.node_at(replica["host"])
+    container = f"pd-{SERVICE}-prefill-{replica['slot']}"
+    pid = deployed.root(node, f"podman inspect --format '{{{{.State.Pid}}}}' {container}")
+    deployed.root(node, f"kill -9 {pid.strip()}")
+    time.sleep(3)
+    deployed.wait("prefill serving again", lambda d: serving(d, "prefill", 1), 90)
+    assert deployed.downloads() == before
