@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from huggingface_hub import snapshot_download
 
 from pdctl.lab import hub, hub_models
 from pdctl.lab.worker import model_cache
-from tests.unit.test_lab_worker import PROVIDER_NAME, Launcher, health, wait_for
+from tests.unit.test_lab_worker import Launcher, health, wait_for
 
 REPO = "lab/load-me"
 SHARD = 1 << 20
@@ -158,17 +157,6 @@ def test_no_cache_in_the_environment_starts_without_loading() -> None:
             "org/anything (lab specs that mount no model cache)",
         )
     ]
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    provider = tmp_path / PROVIDER_NAME
-    provider.write_bytes(b"\x7fELF fake provider")
-    launch = Launcher(tmp_path, provider)
-    try:
-        yield launch
-    finally:
-        launch.stop_all()
 
 
 def test_the_sglang_stand_in_loads_its_model_or_refuses_to_start(

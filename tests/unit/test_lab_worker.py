@@ -182,17 +182,6 @@ class Launcher:
             worker.proc.wait(timeout=10)
 
 
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    provider = tmp_path / PROVIDER_NAME
-    provider.write_bytes(b"\x7fELF fake provider")
-    launch = Launcher(tmp_path, provider)
-    try:
-        yield launch
-    finally:
-        launch.stop_all()
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Worker, Worker]]:
     """A healthy prefill and decode, shared by the read-only tests."""

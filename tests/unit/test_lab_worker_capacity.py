@@ -15,16 +15,12 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TypeVar
-
-import pytest
 
 from pdctl.lab.state import FakeHardware, write_hardware
 from tests.unit.test_lab_worker import (
     MODEL,
-    PROVIDER_NAME,
     Launcher,
     Reply,
     Worker,
@@ -35,17 +31,6 @@ from tests.unit.test_lab_worker import (
 T = TypeVar("T")
 SLACK = 1.0  # seconds a slow, shared machine may add on top of what the model says
 SAMPLE = re.compile(r"^([a-zA-Z0-9_:]+)\{([^}]*)\} (\S+)$")
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    provider = tmp_path / PROVIDER_NAME
-    provider.write_bytes(b"\x7fELF fake provider")
-    launch = Launcher(tmp_path, provider)
-    try:
-        yield launch
-    finally:
-        launch.stop_all()
 
 
 def set_state(worker: Worker, **settings: float) -> None:
