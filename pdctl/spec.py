@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -978,46 +979,45 @@ def _check_engines(spec: Spec, path: Path, located: Located) -> None:
     )
 
 
+def _scaling_error(path: Path, located: Located, index: int, problem: str, hint: str) -> SpecError:
+    return SpecError(
+        path,
+        located.line_of(("replicas", index, "scaling", "metric")),
+        f"replicas[{index}].scaling.metric",
+        problem,
+        hint=hint,
+    )
+
+
 def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
     """A latency metric scales the phase it measures, from metrics the worker exports."""
     for index, group in enumerate(spec.replicas):
         worker = group.role
-        if worker not in ("prefill", "decode"):
-            continue
         scaling = group.scaling
-        if scaling is not None and METRIC_ROLE.get(scaling.metric, worker) != worker:
+        if worker not in ("prefill", "decode") or scaling is None:
+            continue
+        refuse = partial(_scaling_error, path, located, index)
+        if METRIC_ROLE.get(scaling.metric, worker) != worker:
             right = next(m for m, r in METRIC_ROLE.items() if r == worker)
-            raise SpecError(
-                path,
-                located.line_of(("replicas", index, "scaling", "metric")),
-                f"replicas[{index}].scaling.metric",
+            raise refuse(
                 f"{scaling.metric} measures the {METRIC_ROLE[scaling.metric]} phase: "
                 f"the {worker} group cannot move it",
-                hint=f"scale the {worker} group on {right} (or rps)",
+                f"scale the {worker} group on {right} (or rps)",
             )
-        if scaling is not None and scaling.metric in LATENCY_METRICS and group.engine == "vllm":
-            raise SpecError(
-                path,
-                located.line_of(("replicas", index, "scaling", "metric")),
-                f"replicas[{index}].scaling.metric",
+        if scaling.metric not in LATENCY_METRICS:
+            continue
+        if group.engine == "vllm":
+            raise refuse(
                 f"{scaling.metric} is read from the workers' HTTP /metrics, and a vLLM gRPC "
                 "worker serves no HTTP",
-                hint="scale the vLLM group on rps",
+                "scale the vLLM group on rps",
             )
         script = " ".join(group.commands)
-        if (
-            scaling is not None
-            and scaling.metric in LATENCY_METRICS
-            and "sglang" in script
-            and "--enable-metrics" not in script
-        ):
-            raise SpecError(
-                path,
-                located.line_of(("replicas", index, "scaling", "metric")),
-                f"replicas[{index}].scaling.metric",
+        if "sglang" in script and "--enable-metrics" not in script:
+            raise refuse(
                 f"{scaling.metric} is read from the workers' /metrics, which SGLang serves "
                 "only with --enable-metrics",
-                hint="add --enable-metrics to the group's sglang.launch_server command",
+                "add --enable-metrics to the group's sglang.launch_server command",
             )
 
 
