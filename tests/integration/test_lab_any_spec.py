@@ -93,8 +93,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     spec.write_text(dstack_file(status["worker_image"]))
     found = Deployment(lab=lab, spec=spec, token=f"hf_{uuid.uuid4().hex}", fleet=fleet)
     yield found
-    found.pdctl("destroy", SERVICE, "-y", check=False)
-    pdctl(home, "lab", "down")
+    pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
 
 
 def test_the_file_is_a_dstack_file_with_no_pdctl_settings(deployment: Deployment) -> None:

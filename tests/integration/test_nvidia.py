@@ -112,8 +112,7 @@ def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         spec.write_text(lab_spec(status["worker_image"]))
         deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
         yield deployment
-        deployment.pdctl("destroy", SERVICE, "-y", check=False)
-    finally:
+    finally:  # the hosts go with the service: no destroy needed
         pdctl(home, "lab", "down", check=False)
 
 
@@ -276,10 +275,12 @@ def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """node1 CPU-only, node2 8x MI300X with bnxt_re, node3 8x H200 with mlx5: one fleet."""
+    """node1 CPU-only, node2 8x MI300X with bnxt_re (RoCE), node3 8x H200 with mlx5 on
+    InfiniBand: one fleet, checked by what each host has."""
     require_lab()
     home = tmp_path_factory.mktemp("mixed")
-    up = ("lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "MI300X", "--gpu", "H200")
+    up = ("lab", "up", "--hosts", "3", "--cpu-hosts", "1", "--gpu", "MI300X", "--gpu", "H200",
+          "--link-layer", "ib")  # fmt: skip
     env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
     try:
         if pdctl(home, *up, check=False).returncode != 0:
@@ -288,10 +289,33 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         pdctl(home, *lab.status()["fleet_add"].split()[1:])
         pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")  # the NVIDIA example's model
         yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
-        for service in ("pdlab", SERVICE):
-            pdctl(home, "destroy", service, "-y", env=env, check=False)
-    finally:
+    finally:  # the hosts go with the services: no destroy needed
         pdctl(home, "lab", "down", check=False)
+
+
+def test_a_mixed_lab_and_fleet_check_each_host_by_what_it_has(mixed: Deployment) -> None:
+    """--gpu MI300X --gpu H200: GPU hosts take the models in turn; the fleet that `fleet_add`
+    names (--gpu-vendor any --nic-driver auto --link-layer auto) passes both, and the AMD
+    host's facts carry the same slot topology (GPU k and NIC k behind one switch)."""
+    status = mixed.lab.status()
+    hosts = status["hosts"]
+    assert [(h["gpu_model"], h["link_layer"]) for h in hosts] == [
+        (None, None),
+        ("MI300X", "eth"),
+        ("H200", "ib"),
+    ]
+    assert " --gpu-vendor any --nic-driver auto --link-layer auto " in status["fleet_add"]
+    shown = {h["address"]: h["facts"] for h in mixed.json("fleet", "show", "lab")["hosts"]}
+    amd, nvidia = shown[hosts[1]["address"]], shown[hosts[2]["address"]]
+    assert (amd["gpus"]["vendor"], amd["gpus"]["model"], amd["nvidia"]) == ("amd", "MI300X", None)
+    assert (nvidia["gpus"]["vendor"], nvidia["gpus"]["model"]) == ("nvidia", "H200")
+    for facts, driver in ((amd, "bnxt_re"), (nvidia, "mlx5")):
+        nics = facts["rdma"]["devices"]
+        assert {n["driver"] for n in nics} == {driver}
+        for gpu, nic in zip(facts["gpus"]["devices"], nics, strict=True):
+            assert gpu["pci_path"][:2] == nic["pci_path"][:2]
+            assert gpu["pci_path"][2] != nic["pci_path"][2]
+            assert gpu["numa"] == nic["numa"] == (0 if gpu["index"] < 4 else 1)
 
 
 def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) -> None:

@@ -67,8 +67,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     lab = lab_fleet(tmp_path_factory, "vllm")
     service = Service(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"})
     yield service
-    pdctl(lab.home, "destroy", SERVICE, "-y", env=service.env, check=False)
-    pdctl(lab.home, "lab", "down")
+    pdctl(lab.home, "lab", "down")  # the hosts go with the service: no destroy needed
 
 
 def stream_chat(endpoint: str, text: str, key: str) -> list[str]:
