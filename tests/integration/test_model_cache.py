@@ -1,6 +1,8 @@
 """Issue 16's acceptance on a 4-host lab (1 CPU + 3 GPU hosts): the model comes from the lab's
 hub once per file, fanned out inside the fleet into every slot host's cache; the workers load
-it from there (read-only, offline); a scale-out and a killed worker download nothing.
+it from there (read-only, offline); a scale-out and a killed worker download nothing. The
+worker image, on one GPU host only (no registry in reach, no archive in the spec), reaches the
+other two from their peers before the units start.
 
 One lab and one deployment for the module: the tests run in file order.
 """
@@ -24,6 +26,7 @@ SPEC = ROOT / "examples" / "lab" / "pd.yml"
 SERVICE = "pdlab"
 REPO = "lab/fanout-256m"
 CACHE = "/var/lib/pdctl/models"
+IMAGE = "localhost/pdctl-lab/sglang-rocm:0.5.4-lab"  # examples/lab/pd.yml's
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Deployed:
     env: dict[str, str]
     token: str
     deploy: dict[str, Any]
+    image_id: str  # the worker image on the one GPU host that held it
 
     def json(self, *args: str) -> Any:
         return json.loads(pdctl(self.lab.home, "--json", *args, env=self.env).stdout)
@@ -56,6 +60,13 @@ class Deployed:
         raise AssertionError(f"{what}: not within {timeout:.0f} s; status: {self.status()}")
 
 
+def _image_id(lab: Lab, node: str) -> str:
+    found = lab.ssh(
+        node, f"podman image inspect --format '{{{{.Id}}}}' {IMAGE}", user="root", check=False
+    )
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
 def serving(doc: dict[str, Any], role: str, count: int) -> bool:
     group = doc["groups"][role]
     ready = [r for r in group["replicas"] if r["state"] == "active" and r["healthy"]]
@@ -78,11 +89,19 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         text = SPEC.read_text().replace("lab/tiny-llama", REPO)
         assert text.count(REPO) == 2  # the env's MODEL_ID and the spec's model
         spec.write_text(text)
+        assert IMAGE in text and "image_archive" not in text
         env = {"HF_TOKEN": token}
+        # The lab loads its worker images into every GPU host (pdctl/lab/manager.py): keep the
+        # image on the first one only.
+        first, *others = lab.gpu_hosts()
+        image_id = _image_id(lab, first)
+        for node in others:
+            lab.ssh(node, f"podman rmi -f {IMAGE} >/dev/null", user="root")
+            assert _image_id(lab, node) == ""
         doc = json.loads(
             pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
         )
-        yield Deployed(lab=lab, env=env, token=token, deploy=doc)
+        yield Deployed(lab=lab, env=env, token=token, deploy=doc, image_id=image_id)
     finally:
         pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
 
@@ -102,6 +121,27 @@ def test_deploy_takes_each_file_from_the_hub_once_and_fills_every_gpu_host(
         deployed.lab.gpu_hosts()[0], f"ls {CACHE}/hub/models--lab--fanout-256m/snapshots/*/"
     )
     assert len(downloads) == len(listed.split())
+
+
+def test_the_image_on_one_host_reached_the_others_from_peers_and_the_workers_run(
+    deployed: Deployed,
+) -> None:
+    lab = deployed.lab
+    first, *others = lab.gpu_hosts()
+    address = {node: lab.host(node)["address"] for node in lab.gpu_hosts()}
+    image = deployed.deploy["images"][IMAGE]
+    hosts = image["hosts"]
+    assert hosts[address[first]]["state"] == "present", hosts
+    assert {hosts[address[n]]["state"] for n in others} == {"ready"}, hosts
+    # A tree from the one holder: the first taker from it, the second from either of the two.
+    sources = [hosts[address[n]]["source"] for n in others]
+    assert sources[0] == address[first] and sources[1] in {address[first], address[others[0]]}
+    assert all(hosts[address[n]]["bytes"] > 10 << 20 for n in others), hosts
+    assert image["id"] == deployed.image_id
+    for node in others:  # the same image, by its ID, in every host's podman
+        assert _image_id(lab, node) == deployed.image_id
+    status = deployed.status()  # and the workers it runs serve (pd_runtime pulled nothing)
+    assert serving(status, "prefill", 1) and serving(status, "decode", 1), status
 
 
 def test_status_shows_the_model_ready_on_the_three_gpu_hosts(deployed: Deployed) -> None:
