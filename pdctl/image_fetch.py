@@ -264,6 +264,31 @@ def _load_from_peer(runtime: str, url: str, secret: str, taking: _Taking) -> Non
             raise RuntimeError(f"{runtime} load exited {status}: {_tail(errors)}")
 
 
+def check_take(order: Any, refs: list[str]) -> tuple[str, dict[str, Any]]:
+    """An order to take an image: one of the session's images, from a peer (an http URL and
+    the image ID it holds), an archive (an absolute path) or the registry."""
+    ref = check_image_ref(order.get("take") if isinstance(order, dict) else None)
+    if ref not in refs:
+        raise ValueError(f"{ref} is not an image of this prefetch")
+    source = order.get("source")
+    kind = source.get("kind") if isinstance(source, dict) else None
+    if kind == "peer":
+        url = str(source["url"]).rstrip("/")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.path or parts.query:
+            raise ValueError(f"{url!r} is not a peer's URL")
+        image_id_hex((source.get("expect") or {}).get("id"))
+        return ref, {**source, "url": url}
+    if kind == "archive":
+        path = source.get("path")
+        if not isinstance(path, str) or not path.startswith("/") or "/../" in path + "/":
+            raise ValueError(f"{path!r} is not an absolute path")
+        return ref, source
+    if kind == "registry":
+        return ref, source
+    raise ValueError(f"{kind!r} is not an image source")
+
+
 class ImageSession:
     """One host's part of an image prefetch, driven by pdctl over stdin/stdout."""
 
@@ -294,33 +319,22 @@ class ImageSession:
     def take(self, order: dict[str, Any]) -> None:
         """Take one image (``{"take": REF, "source": ...}``): ``took`` with what was loaded,
         or ``failed`` with the cause; the session goes on either way."""
-        ref = check_image_ref(order["take"])
-        if ref not in self.refs:
-            raise ValueError(f"{ref} is not an image of this prefetch")
-        source = order["source"]
-        expect = source.get("expect")
-        taking = _Taking(ref, int((expect or {}).get("size") or 0), self.emit)
+        ref, source = check_take(order, self.refs)
+        expect: dict[str, Any] = source.get("expect") or {}  # what the holder has (a peer's)
+        taking = _Taking(ref, int(expect.get("size") or 0), self.emit)
         try:
             if source["kind"] == "peer":
-                image = image_id_hex(expect["id"])
-                base = str(source["url"]).rstrip("/")
-                if urllib.parse.urlsplit(base).scheme != "http":
-                    raise ValueError(f"{base!r} is not a peer's URL")
-                _load_from_peer(self.runtime, f"{base}/images/{image}", self.secret, taking)
+                url = f"{source['url']}/images/{image_id_hex(expect['id'])}"
+                _load_from_peer(self.runtime, url, self.secret, taking)
             elif source["kind"] == "archive":
-                path = str(source["path"])
-                if not path.startswith("/") or "/../" in path + "/":
-                    raise ValueError(f"{path!r} is not an absolute path")
-                _run_quietly(load_argv(self.runtime, path), taking)
-            elif source["kind"] == "registry":
-                _run_quietly([self.runtime, "pull", "--quiet", ref], taking)
+                _run_quietly(load_argv(self.runtime, source["path"]), taking)
             else:
-                raise ValueError(f"{source['kind']!r} is not an image source")
+                _run_quietly([self.runtime, "pull", "--quiet", ref], taking)
             got = inspect_image(self.runtime, ref)
             if got is None:
                 raise RuntimeError(f"the {source['kind']} did not hold {ref}")
             runtimes = {self.runtime, str(source.get("runtime") or self.runtime)}
-            if expect is not None and not same_image(expect, got, runtimes):
+            if expect and not same_image(expect, got, runtimes):
                 raise RuntimeError(
                     f"loaded another image than the source holds: ID {got['id'][:12]}, "
                     f"the source's {str(expect['id'])[:12]}"
