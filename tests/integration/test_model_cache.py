@@ -60,10 +60,13 @@ class Deployed:
         raise AssertionError(f"{what}: not within {timeout:.0f} s; status: {self.status()}")
 
 
-def _image_id(lab: Lab, node: str) -> str:
-    found = lab.ssh(
-        node, f"podman image inspect --format '{{{{.Id}}}}' {IMAGE}", user="root", check=False
-    )
+def _gpu_entries(lab: Lab) -> list[dict[str, Any]]:
+    return [h for h in lab.status()["hosts"] if h["kind"] == "gpu"]
+
+
+def _image_id(lab: Lab, host: dict[str, Any]) -> str:
+    command = f"podman image inspect --format '{{{{.Id}}}}' {IMAGE}"
+    found = lab.ssh(host["name"], command, user="root", check=False, host=host)
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
@@ -93,11 +96,11 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         env = {"HF_TOKEN": token}
         # The lab loads its worker images into every GPU host (pdctl/lab/manager.py): keep the
         # image on the first one only.
-        first, *others = lab.gpu_hosts()
+        first, *others = _gpu_entries(lab)
         image_id = _image_id(lab, first)
-        for node in others:
-            lab.ssh(node, f"podman rmi -f {IMAGE} >/dev/null", user="root")
-            assert _image_id(lab, node) == ""
+        for host in others:
+            lab.ssh(host["name"], f"podman rmi -f {IMAGE} >/dev/null", user="root", host=host)
+            assert _image_id(lab, host) == ""
         doc = json.loads(
             pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
         )
@@ -126,22 +129,47 @@ def test_deploy_takes_each_file_from_the_hub_once_and_fills_every_gpu_host(
 def test_the_image_on_one_host_reached_the_others_from_peers_and_the_workers_run(
     deployed: Deployed,
 ) -> None:
-    lab = deployed.lab
-    first, *others = lab.gpu_hosts()
-    address = {node: lab.host(node)["address"] for node in lab.gpu_hosts()}
+    first, *others = _gpu_entries(deployed.lab)
     image = deployed.deploy["images"][IMAGE]
     hosts = image["hosts"]
-    assert hosts[address[first]]["state"] == "present", hosts
-    assert {hosts[address[n]]["state"] for n in others} == {"ready"}, hosts
+    assert hosts[first["address"]]["state"] == "present", hosts
+    assert [hosts[h["address"]]["state"] for h in others] == ["ready", "ready"], hosts
     # A tree from the one holder: the first taker from it, the second from either of the two.
-    sources = [hosts[address[n]]["source"] for n in others]
-    assert sources[0] == address[first] and sources[1] in {address[first], address[others[0]]}
-    assert all(hosts[address[n]]["bytes"] > 10 << 20 for n in others), hosts
-    assert image["id"] == deployed.image_id
-    for node in others:  # the same image, by its ID, in every host's podman
-        assert _image_id(lab, node) == deployed.image_id
+    sources = [hosts[h["address"]]["source"] for h in others]
+    assert sources[0] == first["address"], hosts
+    assert sources[1] in {first["address"], others[0]["address"]}, hosts
+    assert all(hosts[h["address"]]["bytes"] > 10 << 20 for h in others), hosts
+    assert image["id"] == deployed.image_id and image["seconds"] < 60, image
+    for host in others:  # the same image, by its ID, in every host's podman
+        assert _image_id(deployed.lab, host) == deployed.image_id
     status = deployed.status()  # and the workers it runs serve (pd_runtime pulled nothing)
     assert serving(status, "prefill", 1) and serving(status, "decode", 1), status
+
+
+def test_an_image_no_host_holds_and_no_registry_serves_is_an_error_naming_host_and_fix(
+    deployed: Deployed,
+) -> None:
+    spec = deployed.lab.home / "absent-image.yml"
+    absent = "localhost/pdctl-lab/absent:1"
+    spec.write_text((deployed.lab.home / "pd.yml").read_text().replace(IMAGE, absent))
+    run = pdctl(
+        deployed.lab.home,
+        "--json",
+        "prefetch",
+        str(spec),
+        "--fleet",
+        "lab",
+        check=False,
+        env=deployed.env,
+    )
+    assert run.returncode == 4, run
+    error = json.loads(run.stdout)["error"]
+    first = _gpu_entries(deployed.lab)[0]["address"]
+    assert error["message"].startswith(f"image prefetch failed: {first}: {absent} from registry: ")
+    assert "no source" in error["message"]  # the others: nothing to take it from
+    assert "set pdctl.image_archive" in error["hint"] and "podman load" in error["hint"]
+    hosts = error["details"]["images"][absent]["hosts"]
+    assert {h["state"] for h in hosts.values()} == {"failed"}
 
 
 def test_status_shows_the_model_ready_on_the_three_gpu_hosts(deployed: Deployed) -> None:
