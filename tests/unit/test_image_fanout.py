@@ -6,10 +6,15 @@ test_model_cache.py): this machine has no container runtime, so nothing here sta
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
+import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,3 +238,144 @@ def test_an_image_pinned_by_digest_is_left_to_each_host() -> None:
     )
     assert doc == {pinned: {"skipped": "pinned by digest: each host pulls it (pd_runtime)"}}
     assert lines == [f"image {pinned}: pinned by digest, each host pulls it"]
+
+
+# ---------------------------------------------------------------- the fan-out, end to end
+# Each "host" is python3 started with pdctl's loader (as over SSH) and its own image store. Its
+# runtime is a stand-in for podman's command line as docs/facts.md describes it (image exists,
+# image inspect, save to stdout, load from stdin, pull): this machine has no container runtime.
+# The lab test runs the real podman.
+STAND_IN = """
+import hashlib, json, os, sys
+store = os.environ["STAND_IN_STORE"]
+args = [a for a in sys.argv[1:] if a not in ("--quiet", "--format", "docker-archive")]
+def path(ref): return os.path.join(store, hashlib.sha256(ref.encode()).hexdigest())
+if args[:2] == ["image", "exists"]:
+    sys.exit(0 if os.path.exists(path(args[2])) else 1)
+if args[:2] == ["image", "inspect"]:
+    if not os.path.exists(path(args[2])): sys.exit(125)
+    doc = json.load(open(path(args[2])))
+    print(json.dumps([{"Id": doc["id"], "RootFS": {"Layers": doc["layers"]}, "Size": doc["size"]}]))
+    sys.exit(0)
+if args[0] == "save":
+    doc = json.load(open(path(args[1])))
+    sys.stdout.buffer.write(json.dumps({**doc, "ref": args[1]}).encode() + b"\\n")
+    sys.stdout.buffer.write(b"x" * doc["size"])
+    sys.exit(0)
+if args[0] == "load":
+    head = json.loads(sys.stdin.buffer.readline())
+    body = sys.stdin.buffer.read()
+    if len(body) != head["size"]: sys.exit("short archive")
+    if os.environ.get("STAND_IN_REBUILD"): head["id"] = "f" * 64  # another image, same name
+    json.dump(head, open(path(head.pop("ref")), "w"))
+    sys.exit(0)
+if args[0] == "pull":
+    sys.exit("Error: initializing source docker://" + args[1] + ": connection refused")
+sys.exit("unknown: " + " ".join(sys.argv))
+"""
+SIZE = 3 << 20
+
+
+class StandInHost(prefetch.Channel):
+    def __init__(self, root: Path, rebuild: bool = False) -> None:
+        binary = root / "bin"
+        binary.mkdir(parents=True, exist_ok=True)
+        (binary / "podman").write_text(f"#!{sys.executable}\n{STAND_IN}")
+        (binary / "podman").chmod(0o755)
+        (root / "store").mkdir(exist_ok=True)
+        env = {
+            "PATH": f"{binary}:/usr/bin:/bin",
+            "STAND_IN_STORE": str(root / "store"),
+            **({"STAND_IN_REBUILD": "1"} if rebuild else {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", prefetch._LOADER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        super().__init__(self.proc.stdin, self.proc.stdout, self.proc.stderr)
+
+
+def give(root: Path, ref: str = IMAGE) -> None:
+    store = root / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    doc = {"id": ID, "layers": ["sha256:" + "1" * 64], "size": SIZE}
+    (store / hashlib.sha256(ref.encode()).hexdigest()).write_text(json.dumps(doc))
+
+
+def fan_out(
+    tmp_path: Path,
+    names: list[str],
+    rebuild: set[str] = frozenset(),  # type: ignore[assignment]
+) -> tuple[dict[str, Any], list[str]]:
+    lines: list[str] = []
+    hosts: list[StandInHost] = []
+
+    def open_channel(host: str) -> prefetch.Channel:
+        hosts.append(StandInHost(tmp_path / host, rebuild=host in rebuild))
+        return hosts[-1]
+
+    try:
+        doc = image_prefetch.spread(
+            open_channel, dict.fromkeys(names, "127.0.0.1"), {IMAGE: names}, lines.append
+        )
+    finally:
+        for host in hosts:
+            assert host.proc.wait(timeout=30) == 0, host.proc.stderr.read()  # type: ignore[union-attr]
+    return doc, lines
+
+
+def test_one_holder_spreads_the_image_as_a_tree_through_the_real_host_script(
+    tmp_path: Path,
+) -> None:
+    names = [f"h{i}" for i in range(1, 6)]
+    give(tmp_path / "h3")  # the one holder need not come first
+    doc, lines = fan_out(tmp_path, names)
+    hosts = doc[IMAGE]["hosts"]
+    assert doc[IMAGE]["id"] == ID and doc[IMAGE]["bytes"] == SIZE
+    assert hosts["h3"]["state"] == "present" and hosts["h3"]["source"] == ""
+    assert {n: h["state"] for n, h in hosts.items() if n != "h3"} == dict.fromkeys(
+        ["h1", "h2", "h4", "h5"], "ready"
+    )
+    # round 1: h3 -> h1; round 2: h3 -> h2, h1 -> h4; round 3: h3 -> h5
+    assert {n: h["source"] for n, h in hosts.items()} == {
+        "h3": "",
+        "h1": "h3",
+        "h2": "h3",
+        "h4": "h1",
+        "h5": "h3",
+    }
+    assert all(h["bytes"] > SIZE and h["id"] == ID for n, h in hosts.items() if n != "h3")
+    assert (
+        "image localhost/pdctl-lab/sglang-rocm:0.5.4-lab: 1 host(s) hold it, 4 take it from peers"
+        in lines
+    )
+    assert any(
+        line.startswith(f"image {IMAGE} on h4: ready, ") and "from h1" in line for line in lines
+    )
+    again, _ = fan_out(tmp_path, names)  # every host holds it now: nothing moves
+    assert {h["state"] for h in again[IMAGE]["hosts"].values()} == {"present"}
+
+
+def test_a_taker_that_loads_another_image_says_so_with_both_ids(tmp_path: Path) -> None:
+    give(tmp_path / "h1")
+    with pytest.raises(HostError) as raised:
+        fan_out(tmp_path, ["h1", "h2"], rebuild={"h2"})
+    message = raised.value.one_line()
+    assert f"h2: {IMAGE} from h1: loaded another image than the source holds" in message
+    assert f"ID {'f' * 12}, the source's {ID[:12]}" in message
+    assert "remove the stale ones (podman rmi" in message
+    assert raised.value.details["images"][IMAGE]["hosts"]["h2"]["state"] == "failed"
+
+
+def test_no_holder_and_no_registry_names_the_first_host_the_cause_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(HostError) as raised:
+        fan_out(tmp_path, ["h1", "h2", "h3"])
+    message = raised.value.one_line()
+    assert f"h1: {IMAGE} from registry: podman pull exited 1: Error: initializing source" in message
+    assert "h2: " in message and "no source: h1 could not take it from the registry" in message
+    assert "set pdctl.image_archive" in message
