@@ -1,7 +1,8 @@
-"""The worker images' fan-out: its tree, the requests a host accepts, and the peer that serves
-only the images its prefetch named, to the fleet holding the secret (pdctl/image_fetch.py,
-pdctl/image_prefetch.py). Real podman runs in the lab test (tests/integration/
-test_model_cache.py): this machine has no container runtime, so nothing here starts one."""
+"""The worker images' fan-out: its tree, the requests a host accepts, the peer that serves
+only the images its prefetch named to the fleet holding the secret (pdctl/image_fetch.py,
+pdctl/image_prefetch.py), and the whole fan-out through the real host script. This machine has
+no container runtime: the end-to-end tests give each "host" a stand-in for podman's command
+line; the lab test (tests/integration/test_model_cache.py) runs the real podman."""
 
 from __future__ import annotations
 
@@ -308,7 +309,7 @@ def give(root: Path, ref: str = IMAGE) -> None:
 def fan_out(
     tmp_path: Path,
     names: list[str],
-    rebuild: set[str] = frozenset(),  # type: ignore[assignment]
+    rebuild: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Any], list[str]]:
     lines: list[str] = []
     hosts: list[StandInHost] = []
@@ -362,7 +363,7 @@ def test_one_holder_spreads_the_image_as_a_tree_through_the_real_host_script(
 def test_a_taker_that_loads_another_image_says_so_with_both_ids(tmp_path: Path) -> None:
     give(tmp_path / "h1")
     with pytest.raises(HostError) as raised:
-        fan_out(tmp_path, ["h1", "h2"], rebuild={"h2"})
+        fan_out(tmp_path, ["h1", "h2"], rebuild=frozenset({"h2"}))
     message = raised.value.one_line()
     assert f"h2: {IMAGE} from h1: loaded another image than the source holds" in message
     assert f"ID {'f' * 12}, the source's {ID[:12]}" in message
