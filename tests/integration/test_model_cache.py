@@ -214,6 +214,7 @@ def test_a_pipeline_prefetch_of_a_filled_fleet_downloads_nothing(deployed: Deplo
     before = deployed.downloads()
     doc = deployed.json("prefetch", str(deployed.lab.home / "pd.yml"), "--fleet", "lab")
     assert {h["fetched"] for h in doc["model"]["hosts"].values()} == {0}
+    assert {h["state"] for h in doc["images"][IMAGE]["hosts"].values()} == {"present"}
     assert deployed.downloads() == before
 
 
