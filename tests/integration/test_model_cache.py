@@ -101,9 +101,9 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         for host in others:
             lab.ssh(host["name"], f"podman rmi -f {IMAGE} >/dev/null", user="root", host=host)
             assert _image_id(lab, host) == ""
-        doc = json.loads(
-            pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
-        )
+        out = pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
+        (home / "deploy.json").write_text(out)  # kept with the workspace: a failure's evidence
+        doc = json.loads(out)
         yield Deployed(lab=lab, env=env, token=token, deploy=doc, image_id=image_id)
     finally:
         pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
