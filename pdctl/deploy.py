@@ -15,7 +15,16 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from pdctl import drift, inventory, layout, prefetch, runner, sharing, unhealthy
+from pdctl import (
+    drift,
+    image_prefetch,
+    inventory,
+    layout,
+    prefetch,
+    runner,
+    sharing,
+    unhealthy,
+)
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
@@ -261,8 +270,10 @@ def apply(
     with nullcontext() if dry_run else services.applying(workspace, plan):
         if not dry_run:
             drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
-            # Before any unit starts: a worker finds its model in the host's cache.
+            # Before any unit starts: a worker finds its model in the host's cache, and its
+            # image in the host's runtime (taken once, spread from peers).
             doc.model = prefetch.for_plan(workspace, plan, progress)
+            doc.images = image_prefetch.for_plan(workspace, plan, progress)
         summary = runner.run_playbook(
             "deploy.yml",
             fleet_dir,

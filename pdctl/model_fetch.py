@@ -483,19 +483,20 @@ def _addresses(names: list[str]) -> set[str]:
     return found
 
 
-class PeerServer:
-    """Serves the blobs of one model, read-only, to the fleet's hosts holding the one-time
-    secret, while this host's prefetch runs. A blob still being written is streamed as it
-    grows (a pipeline: the next host need not wait for the whole file)."""
+class Peer:
+    """A host's HTTP server for the prefetch's peers: only the fleet's addresses holding the
+    one-time secret are answered, for the prefetch's duration. What it serves is a
+    subclass's ``serve`` (the model's blobs here, worker images in pdctl/image_fetch.py)."""
 
-    def __init__(self, cache: Cache, bind: str, allow: list[str], secret: str) -> None:
-        self.cache, self.allow, self.secret = cache, _addresses(allow), secret
-        self.expected: dict[str, int] = {}  # blob -> size, once the manifest is known
-        self.done = threading.Event()  # this host's fetch ended (ok or not)
-        self.failed = False
+    protocol_version = "HTTP/1.0"
+
+    def __init__(self, bind: str, allow: list[str], secret: str) -> None:
+        self.allow, self.secret = _addresses(allow), secret
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = server.protocol_version
+
             def log_message(self, format: str, *args: Any) -> None:
                 return  # no request logs (they would land in pdctl's stdout)
 
@@ -527,6 +528,25 @@ class PeerServer:
         ):
             request.send_error(403, "not a host of this prefetch")
             return
+        self.serve(request)
+
+    def serve(self, request: http.server.BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
+
+class PeerServer(Peer):
+    """Serves the blobs of one model, read-only, to the fleet's hosts holding the one-time
+    secret, while this host's prefetch runs. A blob still being written is streamed as it
+    grows (a pipeline: the next host need not wait for the whole file)."""
+
+    def __init__(self, cache: Cache, bind: str, allow: list[str], secret: str) -> None:
+        self.cache = cache
+        self.expected: dict[str, int] = {}  # blob -> size, once the manifest is known
+        self.done = threading.Event()  # this host's fetch ended (ok or not)
+        self.failed = False
+        super().__init__(bind, allow, secret)
+
+    def serve(self, request: http.server.BaseHTTPRequestHandler) -> None:
         match = re.match(r"^/blobs/([0-9a-f]{40}|[0-9a-f]{64})\Z", request.path)
         size = self.expected.get(match.group(1)) if match else None
         if match is None or size is None:
@@ -739,11 +759,15 @@ def _serve_session(stdin: Any, stdout: Any, request: dict[str, Any]) -> int:
         handle.close()
 
 
-def main() -> int:
+Op = Callable[[Any, Any, dict[str, Any]], int]  # (stdin, stdout, request) -> exit status
+
+
+def main(ops: dict[str, Op] | None = None) -> int:
     """One JSON request line on stdin: ``{"op": "check", ...}`` prints the cache's state;
     ``{"op": "fetch", ...}`` is a prefetch session: it prints ``hello`` (its peer port and what
     it holds), reads its order (source, file list), prints progress, ``done`` or ``error``,
-    then serves peers until the next line (or EOF)."""
+    then serves peers until the next line (or EOF). ``ops`` adds other sessions by name
+    (pdctl/image_fetch.py's ``images``), shipped in the same script."""
     os.umask(0o022)
     stdin, stdout = sys.stdin, sys.stdout
     try:
@@ -751,6 +775,8 @@ def main() -> int:
         if request.get("op") == "check":
             stdout.write(json.dumps(check(request)) + "\n")
             return 0
+        if ops and request.get("op") in ops:
+            return ops[request["op"]](stdin, stdout, request)
         return _serve_session(stdin, stdout, request)
     except (OSError, ValueError, RuntimeError, KeyError, http.client.HTTPException) as exc:
         stdout.write(json.dumps({"event": "error", "message": _reason(exc)}) + "\n")

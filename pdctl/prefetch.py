@@ -18,27 +18,30 @@ import secrets
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
-from pdctl import hf_layout, inventory, model_fetch, ssh
+from pdctl import hf_layout, image_fetch, inventory, model_fetch, ssh
 from pdctl import service as services
 from pdctl.errors import HostError
 from pdctl.plan import Plan
 from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
-# hf_layout's source in front of model_fetch's, without model_fetch's import of it: one script.
-_SOURCE = Path(hf_layout.__file__).read_text() + re.sub(
-    r"^from __future__ import annotations\n|^from pdctl\.hf_layout import \([^)]*\)\n",
-    "",
-    Path(model_fetch.__file__).read_text(),
+# One script: hf_layout's source, then model_fetch's, then image_fetch's (whose last lines run
+# it), without their imports of each other, and without model_fetch's own entry point.
+_SHIPPED = (hf_layout, model_fetch, image_fetch)
+_PDCTL_IMPORT = re.compile(
+    r"^from __future__ import annotations\n|^from pdctl\.\w+ import (?:\([^)]*\)|[^\n]*)\n",
     flags=re.MULTILINE,
 )
+_SOURCE = "from __future__ import annotations\n" + "".join(
+    _PDCTL_IMPORT.sub("", Path(module.__file__ or "").read_text()) for module in _SHIPPED
+).replace('if __name__ == "__main__":\n    sys.exit(main())\n', "")
 # The argv holds this fixed loader only: the script, then the requests, come on stdin.
 _LOADER = (
     "import sys;n=int(sys.stdin.buffer.readline());"
@@ -363,6 +366,14 @@ def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, 
     request = plan_request(plan, fleet.settings.model_endpoint)
     if request is None:
         return None
+    with fleet_channels(workspace, plan) as (opener, addresses):
+        return prefetch(opener, addresses, request, progress)
+
+
+@contextlib.contextmanager
+def fleet_channels(workspace: Workspace, plan: Plan) -> Iterator[tuple[Opener, dict[str, str]]]:
+    """How to start the fetcher on each host with a slot of the plan, and their addresses."""
+    fleet = inventory.load(workspace, plan.fleet)
     hosts = model_hosts(plan)
     targets = {}
     for name in hosts:
@@ -372,8 +383,7 @@ def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, 
         targets[name] = inventory.target(fleet, host)
     pool = ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
     try:
-        addresses = {name: targets[name].address for name in hosts}
-        return prefetch(ssh_opener(pool, targets), addresses, request, progress)
+        yield ssh_opener(pool, targets), {name: targets[name].address for name in hosts}
     finally:
         pool.close()
 

@@ -38,6 +38,10 @@ class DeployResult(BaseModel):
     # The model prefetch: repo, revision, commit, bytes, seconds, and per host its state,
     # source, bytes fetched, rate (None: the plan fetches no model, or nothing ran).
     model: dict[str, Any] | None = None
+    # The worker images: per image its id, bytes, seconds and per host its state (present |
+    # ready | failed), source (a host, registry, archive; "" when present), bytes, rate, id
+    # (pdctl/image_prefetch.py; None: nothing ran).
+    images: dict[str, Any] | None = None
 
 
 class ModelStatus(BaseModel):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from pdctl import deploy as deploys
+from pdctl import image_prefetch
 from pdctl import prefetch as prefetches
 from pdctl import service as services
 from pdctl.cli.app import App, pass_app
@@ -86,23 +88,38 @@ def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: P
 @PARTIAL
 @pass_app
 def prefetch(app: App, spec: Path, fleet: str | None, allow_partial: bool) -> None:
-    """Fill the model cache of every host with a slot of SPEC's plan (what `deploy` does
-    first): for a pipeline that runs `pdctl plan -o` and ansible-playbook itself."""
+    """Fill the model cache and the image store of every host with a slot of SPEC's plan (what
+    `deploy` does first): for a pipeline that runs `pdctl plan -o` and ansible-playbook itself."""
     _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
     with app.out.progress(f"prefetch {planned.model_repo or '(no model)'}") as progress:
         doc = prefetches.for_plan(app.workspace, planned, progress)
+        images = image_prefetch.for_plan(app.workspace, planned, progress)
 
     def render() -> None:
         if doc is None:
             app.out.line("the plan names no hub model: nothing to fetch")
-            return
-        for host, run in doc["hosts"].items():
-            app.out.line(
-                f"{host}: {run['state']}, {run['fetched'] / 1e6:.0f} MB from {run['source']} "
-                f"in {run['seconds']:.1f} s"
-            )
+        else:
+            for host, run in doc["hosts"].items():
+                app.out.line(
+                    f"{host}: {run['state']}, {run['fetched'] / 1e6:.0f} MB from "
+                    f"{run['source']} in {run['seconds']:.1f} s"
+                )
+        _image_lines(app, images)
 
-    app.out.result({"model": doc}, render)
+    app.out.result({"model": doc, "images": images}, render)
+
+
+def _image_lines(app: App, images: dict[str, Any] | None) -> None:
+    for ref, image in (images or {}).items():
+        if "hosts" not in image:
+            app.out.line(f"image {ref}: {image.get('skipped')}")
+            continue
+        taken = [h for h in image["hosts"].values() if h["state"] == "ready"]
+        sources = sorted({h["source"] for h in taken})
+        app.out.line(
+            f"image {ref}: on {len(image['hosts'])} host(s), {len(taken)} took it "
+            f"({', '.join(sources) or 'none needed'}) in {image['seconds']:.1f} s"
+        )
 
 
 @click.command()
@@ -185,6 +202,7 @@ def deploy(
                 f"model {doc.model['repo']}: ready on {len(doc.model['hosts'])} host(s), "
                 f"{fetched / 1e6:.0f} MB fetched in {doc.model['seconds']:.1f} s"
             )
+        _image_lines(app, doc.images)
         _endpoint_line(app, doc)
 
     app.out.result(doc, render)

@@ -1,6 +1,8 @@
 """Issue 16's acceptance on a 4-host lab (1 CPU + 3 GPU hosts): the model comes from the lab's
 hub once per file, fanned out inside the fleet into every slot host's cache; the workers load
-it from there (read-only, offline); a scale-out and a killed worker download nothing.
+it from there (read-only, offline); a scale-out and a killed worker download nothing. The
+worker image, on one GPU host only (no registry in reach, no archive in the spec), reaches the
+other two from their peers before the units start.
 
 One lab and one deployment for the module: the tests run in file order.
 """
@@ -24,6 +26,7 @@ SPEC = ROOT / "examples" / "lab" / "pd.yml"
 SERVICE = "pdlab"
 REPO = "lab/fanout-256m"
 CACHE = "/var/lib/pdctl/models"
+IMAGE = "localhost/pdctl-lab/sglang-rocm:0.5.4-lab"  # examples/lab/pd.yml's
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Deployed:
     env: dict[str, str]
     token: str
     deploy: dict[str, Any]
+    image_id: str  # the worker image on the one GPU host that held it
 
     def json(self, *args: str) -> Any:
         return json.loads(pdctl(self.lab.home, "--json", *args, env=self.env).stdout)
@@ -56,6 +60,16 @@ class Deployed:
         raise AssertionError(f"{what}: not within {timeout:.0f} s; status: {self.status()}")
 
 
+def _gpu_entries(lab: Lab) -> list[dict[str, Any]]:
+    return [h for h in lab.status()["hosts"] if h["kind"] == "gpu"]
+
+
+def _image_id(lab: Lab, host: dict[str, Any]) -> str:
+    command = f"podman image inspect --format '{{{{.Id}}}}' {IMAGE}"
+    found = lab.ssh(host["name"], command, user="root", check=False, host=host)
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
 def serving(doc: dict[str, Any], role: str, count: int) -> bool:
     group = doc["groups"][role]
     ready = [r for r in group["replicas"] if r["state"] == "active" and r["healthy"]]
@@ -78,11 +92,19 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         text = SPEC.read_text().replace("lab/tiny-llama", REPO)
         assert text.count(REPO) == 2  # the env's MODEL_ID and the spec's model
         spec.write_text(text)
+        assert IMAGE in text and "image_archive" not in text
         env = {"HF_TOKEN": token}
-        doc = json.loads(
-            pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
-        )
-        yield Deployed(lab=lab, env=env, token=token, deploy=doc)
+        # The lab loads its worker images into every GPU host (pdctl/lab/manager.py): keep the
+        # image on the first one only.
+        first, *others = _gpu_entries(lab)
+        image_id = _image_id(lab, first)
+        for host in others:
+            lab.ssh(host["name"], f"podman rmi -f {IMAGE} >/dev/null", user="root", host=host)
+            assert _image_id(lab, host) == ""
+        out = pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
+        (home / "deploy.json").write_text(out)  # kept with the workspace: a failure's evidence
+        doc = json.loads(out)
+        yield Deployed(lab=lab, env=env, token=token, deploy=doc, image_id=image_id)
     finally:
         pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
 
@@ -102,6 +124,52 @@ def test_deploy_takes_each_file_from_the_hub_once_and_fills_every_gpu_host(
         deployed.lab.gpu_hosts()[0], f"ls {CACHE}/hub/models--lab--fanout-256m/snapshots/*/"
     )
     assert len(downloads) == len(listed.split())
+
+
+def test_the_image_on_one_host_reached_the_others_from_peers_and_the_workers_run(
+    deployed: Deployed,
+) -> None:
+    first, *others = _gpu_entries(deployed.lab)
+    image = deployed.deploy["images"][IMAGE]
+    hosts = image["hosts"]
+    assert hosts[first["address"]]["state"] == "present", hosts
+    assert [hosts[h["address"]]["state"] for h in others] == ["ready", "ready"], hosts
+    # A tree from the one holder: the first taker from it, the second from either of the two.
+    sources = [hosts[h["address"]]["source"] for h in others]
+    assert sources[0] == first["address"], hosts
+    assert sources[1] in {first["address"], others[0]["address"]}, hosts
+    assert all(hosts[h["address"]]["bytes"] > 10 << 20 for h in others), hosts
+    assert image["id"] == deployed.image_id and image["seconds"] < 60, image
+    for host in others:  # the same image, by its ID, in every host's podman
+        assert _image_id(deployed.lab, host) == deployed.image_id
+    status = deployed.status()  # and the workers it runs serve (pd_runtime pulled nothing)
+    assert serving(status, "prefill", 1) and serving(status, "decode", 1), status
+
+
+def test_an_image_no_host_holds_and_no_registry_serves_is_an_error_naming_host_and_fix(
+    deployed: Deployed,
+) -> None:
+    spec = deployed.lab.home / "absent-image.yml"
+    absent = "localhost/pdctl-lab/absent:1"
+    spec.write_text((deployed.lab.home / "pd.yml").read_text().replace(IMAGE, absent))
+    run = pdctl(
+        deployed.lab.home,
+        "--json",
+        "prefetch",
+        str(spec),
+        "--fleet",
+        "lab",
+        check=False,
+        env=deployed.env,
+    )
+    assert run.returncode == 4, run
+    error = json.loads(run.stdout)["error"]
+    first = _gpu_entries(deployed.lab)[0]["address"]
+    assert error["message"].startswith(f"image prefetch failed: {first}: {absent} from registry: ")
+    assert "no source" in error["message"]  # the others: nothing to take it from
+    assert "set pdctl.image_archive" in error["hint"] and "podman load" in error["hint"]
+    hosts = error["details"]["images"][absent]["hosts"]
+    assert {h["state"] for h in hosts.values()} == {"failed"}
 
 
 def test_status_shows_the_model_ready_on_the_three_gpu_hosts(deployed: Deployed) -> None:
@@ -146,6 +214,7 @@ def test_a_pipeline_prefetch_of_a_filled_fleet_downloads_nothing(deployed: Deplo
     before = deployed.downloads()
     doc = deployed.json("prefetch", str(deployed.lab.home / "pd.yml"), "--fleet", "lab")
     assert {h["fetched"] for h in doc["model"]["hosts"].values()} == {0}
+    assert {h["state"] for h in doc["images"][IMAGE]["hosts"].values()} == {"present"}
     assert deployed.downloads() == before
 
 

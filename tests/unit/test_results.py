@@ -51,6 +51,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "endpoint": "http://10.0.0.1:8000",
         "api_key_file": "cpu1:/etc/pdctl/svc/router.env",
         "model": None,
+        "images": None,
     }
     assert list(doc) == [
         "service",
@@ -64,6 +65,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "endpoint",
         "api_key_file",
         "model",
+        "images",
     ]
 
 
