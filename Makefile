@@ -36,9 +36,10 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 # Three workers: the lab tests mostly wait (health checks, scaler delays), so they overlap
-# well even on 2 cores. loadfile keeps a module (and the lab it boots) on one worker.
+# well even on 2 cores. loadfile keeps a module (and the lab it boots) on one worker; the
+# modules go out in collection order, longest first (tests/conftest.py, LONGEST_FIRST).
 test: install
-	$(BIN)/pytest -n 3 --dist loadfile --durations=15
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: install
 	$(BIN)/ruff check pdctl tests bench scripts

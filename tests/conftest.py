@@ -7,6 +7,41 @@ import pytest
 
 from tests.support import Lab, pdctl, require_lab, start_lab
 
+# The lab modules, longest first (a loaded 2-core run with --durations=0; rough is enough).
+# `make test` runs modules side by side (--dist loadfile) in collection order
+# (--no-loadscope-reorder: xdist's default puts modules with many tests first, so the few-test
+# lab modules that take minutes started last and made the suite's tail). Longest first keeps
+# the workers busy to the end; the quick unit and CLI modules fill the gaps. A module not
+# listed runs after these and before the unit tests.
+LONGEST_FIRST = (
+    "test_nvidia",
+    "test_deploy",
+    "test_playbooks",
+    "test_molecule",
+    "test_vllm",
+    "test_undo",
+    "test_model_cache",
+    "test_fleet",
+    "test_scaler",
+    "test_lab_any_spec",
+    "test_lab_nvidia",
+    "test_sharing",
+    "test_scaler_latency",
+    "test_lab",
+    "test_lab_hub",
+)
+
+
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    module = item.path.stem
+    if module in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(module))
+    return (1, 0) if "integration" in item.path.parts else (2, 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: a module's tests keep their order
+
 
 @pytest.fixture(scope="session")
 def lab3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
