@@ -604,15 +604,22 @@ class PeerServer(Peer):
 
 
 # ---------------------------------------------------------------- the ops
+LOCK_WAIT = 10.0  # seconds: the previous fetcher of this cache may still be on its way out
+
+
 def _lock(cache: Cache) -> Any:
     cache.prepare()
     handle = (cache.records / "lock").open("w")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise RuntimeError(f"another prefetch of {cache.repo} runs on this host") from None
-    return handle
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except OSError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                raise RuntimeError(f"another prefetch of {cache.repo} runs on this host") from None
+            time.sleep(0.1)
 
 
 def _busy(cache: Cache) -> bool:

@@ -12,6 +12,7 @@ serve blobs to the fleet's hosts only, for the prefetch's duration.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import secrets
@@ -85,6 +86,7 @@ class HostRun:
     eta: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    cut_off: bool = False  # failed after the host it took the model from failed
     reported: float = field(default_factory=time.monotonic)  # the first line after a while
     manifest_ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -231,12 +233,57 @@ def prefetch(
     open_channel: Opener, hosts: dict[str, str], request: Request, progress: Progress
 ) -> dict[str, Any]:
     """Fill the cache on every host (name -> its address on the fleet's network); the
-    per-host report (HostError when any host failed)."""
-    runs = [HostRun(name=name, address=address) for name, address in hosts.items()]
+    per-host report (HostError when any host failed).
+
+    A host that fails mid-chain cuts off the hosts after it; they take the model again, from a
+    host that has it now, in a second chain that puts the hosts that failed by themselves
+    last: so one bad host fails only itself."""
+    started = time.monotonic()
+    runs, chain = _fill(open_channel, hosts, list(hosts), request, progress)
+    failed = [r for r in runs if r.state != "ready"]
+    ready = [r for r in runs if r.state == "ready"]
+    if failed and ready:
+        cut_off = [r for r in failed if r.cut_off]
+        order = [
+            ready[0].name,
+            *(r.name for r in cut_off),
+            *(r.name for r in failed if not r.cut_off),
+        ]
+        progress(
+            f"model {request.repo}: {len(failed)} host(s) did not get it; "
+            f"taking it again from {ready[0].name}"
+        )
+        again, _ = _fill(open_channel, {n: hosts[n] for n in order}, order, request, progress)
+        retried = {r.name: r for r in again[1:]}
+        runs = [retried.get(r.name, r) for r in runs]
+    failed = [r for r in runs if r.state != "ready"]
+    if failed:
+        raise HostError(
+            "model prefetch failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
+            hint="check the fleet's model_endpoint (pdctl fleet show) and the hosts' disk",
+        )
+    return {
+        "repo": request.repo,
+        "revision": request.revision,
+        "commit": (chain[0].manifest or {}).get("commit"),
+        "bytes": chain[0].total,
+        "seconds": round(time.monotonic() - started, 2),
+        "hosts": {r.name: r.report() for r in runs},
+    }
+
+
+def _fill(
+    open_channel: Opener,
+    hosts: dict[str, str],
+    order: list[str],
+    request: Request,
+    progress: Progress,
+) -> tuple[list[HostRun], list[HostRun]]:
+    """One chain over ``hosts`` (holders first, then in ``order``): every run, and the chain."""
+    runs = [HostRun(name=name, address=hosts[name]) for name in order]
     secret = secrets.token_urlsafe(32)
     allow = sorted({r.address for r in runs})
     channels: dict[str, Channel] = {}
-    started = time.monotonic()
     try:
         for run in runs:
             channels[run.name] = _start(open_channel, run, request, allow, secret)
@@ -254,20 +301,7 @@ def prefetch(
             with contextlib.suppress(OSError, EOFError):
                 channel.send({"stop": True})
             channel.close()
-    failed = [r for r in runs if r.state != "ready"]
-    if failed:
-        raise HostError(
-            "model prefetch failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
-            hint="check the fleet's model_endpoint (pdctl fleet show) and the hosts' disk",
-        )
-    return {
-        "repo": request.repo,
-        "revision": request.revision,
-        "commit": (chain[0].manifest or {}).get("commit"),
-        "bytes": chain[0].total,
-        "seconds": round(time.monotonic() - started, 2),
-        "hosts": {r.name: r.report() for r in runs},
-    }
+    return runs, chain
 
 
 def _run_chain(
@@ -286,6 +320,7 @@ def _run_chain(
     if head.manifest is None:
         for run in chain[1:]:
             run.state, run.error = "failed", f"no file list: {head.name} failed first"
+            run.cut_off = True
         threads[0].join()
         return
     for upstream, run, thread in zip(chain[:-1], chain[1:], threads[1:], strict=True):
@@ -302,6 +337,8 @@ def _run_chain(
         thread.start()
     for thread in threads:
         thread.join()
+    for upstream, run in itertools.pairwise(chain):
+        run.cut_off = run.state == "failed" and upstream.state == "failed"
     for run in chain:
         if run.state == "ready":
             progress(

@@ -138,17 +138,30 @@ def request(hub: Hub, token: str | None = TOKEN) -> prefetch.Request:
     )
 
 
+class LostHost(LocalChannel):
+    """A host lost once it has its order (the fetcher killed): its peers see it go."""
+
+    def send(self, doc: dict[str, Any] | None) -> None:
+        super().send(doc)
+        if doc and "source" in doc:
+            self.proc.kill()
+
+
 def fan_out(
     hub: Hub,
     caches: dict[str, Path],
     token: str | None = TOKEN,
     request_doc: prefetch.Request | None = None,
+    lost: dict[str, int] | None = None,  # host -> how many of its runs are lost
 ) -> dict[str, Any]:
     lines: list[str] = []
     channels: list[LocalChannel] = []
+    losses = dict(lost or {})
 
     def open_channel(host: str) -> prefetch.Channel:
-        channels.append(LocalChannel(caches[host]))
+        kind = LostHost if losses.get(host, 0) > 0 else LocalChannel
+        losses[host] = losses.get(host, 0) - 1
+        channels.append(kind(caches[host]))
         return channels[-1]
 
     try:
@@ -158,6 +171,9 @@ def fan_out(
             request_doc or request(hub, token),
             lines.append,
         )
+    except HostError as exc:
+        exc.lines = lines  # type: ignore[attr-defined]
+        raise
     finally:
         for channel in channels:
             assert channel.proc.wait(timeout=30) is not None
@@ -242,6 +258,31 @@ def test_a_corrupt_or_missing_file_is_found_and_fetched_again_from_a_peer(
     assert doc["hosts"]["h3"]["fetched"] == len(data)
     assert blob.read_bytes() == served.files["model-00001-of-00002.safetensors"]
     assert check(served, caches["h3"])["state"] == check(served, caches["h4"])["state"] == "ready"
+
+
+def test_a_host_lost_mid_chain_cuts_off_no_one_after_it(
+    served: Hub, caches: dict[str, Path]
+) -> None:
+    """h2 is lost once it has its order: h3 and h4 (which took the model from it) take it
+    again from h1 in a second chain, and h2 too; the hub still sends each file once."""
+    doc = fan_out(served, caches, lost={"h2": 1})
+    assert {h["state"] for h in doc["hosts"].values()} == {"ready"}, doc["hosts"]
+    assert dict(served.downloads) == dict.fromkeys(served.files, 1)
+    assert any("taking it again from h1" in line for line in doc["lines"]), doc["lines"]
+    for cache in caches.values():
+        assert check(served, cache)["state"] == "ready"
+
+
+def test_a_host_that_fails_every_time_fails_only_itself(
+    served: Hub, caches: dict[str, Path]
+) -> None:
+    with pytest.raises(HostError) as raised:
+        fan_out(served, caches, lost={"h2": 2})
+    message = raised.value.one_line()
+    assert "h2: " in message and "h3" not in message and "h4" not in message, message
+    assert dict(served.downloads) == dict.fromkeys(served.files, 1)
+    for host in ("h1", "h3", "h4"):
+        assert check(served, caches[host])["state"] == "ready", host
 
 
 def test_an_offline_fleet_fills_its_caches_from_a_local_mirror(
