@@ -32,8 +32,9 @@ from pdctl.plan import Plan
 from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
-# hf_layout's source in front of model_fetch's, without model_fetch's import of it: one script.
-_SOURCE = Path(hf_layout.__file__).read_text() + re.sub(
+# hf_layout's source in front of model_fetch's, without model_fetch's import of it: one script
+# (the lab's worker image carries it too, pdctl/lab/worker_tree.py).
+SCRIPT = Path(hf_layout.__file__).read_text() + re.sub(
     r"^from __future__ import annotations\n|^from pdctl\.hf_layout import \([^)]*\)\n",
     "",
     Path(model_fetch.__file__).read_text(),
@@ -53,7 +54,7 @@ READ_TIMEOUT = 600.0
 
 def script_input() -> bytes:
     """What the loader reads first: the script's length, then the script."""
-    data = _SOURCE.encode()
+    data = SCRIPT.encode()
     return str(len(data)).encode() + b"\n" + data
 
 
