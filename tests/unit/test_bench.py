@@ -38,6 +38,10 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
     assert [m["name"] for m in lines] == ["scaler-sim"]
     assert "baseline playbook (syntax checked)" in proc.stderr
+    assert (
+        "scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only"
+        in (proc.stderr)
+    )
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout
