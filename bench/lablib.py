@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -204,6 +205,15 @@ class BenchLab:
         gpu_hosts = [h["name"] for h in self.status()["hosts"] if h["kind"] == "gpu"]
         with ThreadPoolExecutor(4) as workers:  # a `pdctl lab ssh` each: a few at once
             list(workers.map(forget, gpu_hosts))  # raises the first error
+
+    def fresh(self) -> None:
+        """Back to hosts that never saw a service: a freshly booted lab, registered again
+        (faster than a destroy, and nothing of an earlier deploy can linger)."""
+        self.down()
+        shutil.rmtree(self.home / "inventories", ignore_errors=True)  # new hosts, new host keys
+        shutil.rmtree(self.home / "services", ignore_errors=True)
+        self.up()
+        self.fleet_add()
 
     def down(self) -> None:
         subprocess.run([PDCTL, "-q", "lab", "down"], env=self.env, capture_output=True, check=False)

@@ -94,11 +94,7 @@ def reset(lab: BenchLab) -> None:
     """Back to hosts that never saw the service: a freshly booted lab (faster than a destroy,
     and nothing of the first deploy can linger), registered again, without the images."""
     progress(f"fresh lab: {lab.hosts} hosts")
-    lab.down()
-    shutil.rmtree(lab.home / "inventories", ignore_errors=True)  # new hosts, new host keys
-    shutil.rmtree(lab.home / "services", ignore_errors=True)
-    lab.up()
-    lab.fleet_add()
+    lab.fresh()
     lab.forget_images()
 
 
