@@ -69,7 +69,8 @@ def hub_cache(env: Mapping[str, str]) -> Path | None:
 
 
 def offline(env: Mapping[str, str]) -> bool:
-    """huggingface_hub's reading of HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE)."""
+    """huggingface_hub's reading of HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE): docs/facts.md,
+    "Hugging Face Hub API and cache"."""
     value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
     return value.upper() in {"1", "ON", "YES", "TRUE"}
 
