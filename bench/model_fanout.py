@@ -4,9 +4,9 @@ downloading it from the hub at once, with the hub capped at a tenth of the hosts
 Both runs use pdctl's own fetcher (pdctl/model_fetch.py over SSH, pdctl/prefetch.py): pdctl's
 prefetch chains the hosts (the hub sends each file once, each host streams it on to the next);
 the baseline runs one prefetch per host at the same time, each from the hub, as engines that
-download their own model do. The caches are emptied before each run. The hub's cap and the
-hosts' link caps are the lab's (`pdctl lab hub limit`, `pdctl lab link-rate`: tbf on the
-veths, docs/facts.md).
+download their own model do. The caches are emptied before each run (not after the last).
+The hub's cap and the hosts' link caps are the lab's (`pdctl lab hub limit`, `pdctl lab
+link-rate`: tbf on the veths, docs/facts.md).
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ def measure(lab: BenchLab, hosts: int, log: Callable[[str], None]) -> tuple[floa
     fleet.clear(lab_hosts)
     with stopwatch() as theirs:
         _all_from_the_hub(fleet, log)
-    fleet.clear(lab_hosts)
     return ours[0], theirs[0], taken
 
 
