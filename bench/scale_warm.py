@@ -36,19 +36,20 @@ from bench import actions, model_fanout
 from bench.lablib import FLEET, BenchError, BenchLab, spec_filling
 from pdctl import layout, model_cache, spec
 
-HOSTS = 4  # a CPU host (the router) and three GPU hosts: two slots and a spare per group
+HOSTS = 4  # a CPU host (the router) and GPU hosts (the bench service's smallest lab)
 ACTIONS = 3  # counted scale-outs per path (each downloads the model once in the baseline)
 WARM, COLD = "warm", "cold"
 MODEL_VARIABLE = "MODEL_ID"
 
 
 def service_spec(name: str, endpoint: str) -> dict[str, Any]:
-    """The bench service with the big model, one running slot and one spare per group:
-    ``warm`` names the model where pdctl reads it, ``cold`` only from the deploying shell."""
+    """The bench service with the big model, scaled from zero: one spare slot per group and
+    none running (the deploy downloads nothing at start in either case). ``warm`` names the
+    model where pdctl reads it, ``cold`` only in a variable from the deploying shell."""
     doc = spec_filling(HOSTS)
     doc["name"] = name
     for group in doc["replicas"][1:]:
-        group["count"] = "1..2"
+        group["count"] = "0..1"
     doc["env"] = [e for e in doc["env"] if not e.startswith(f"{MODEL_VARIABLE}=")]
     doc["env"].append(f"HF_ENDPOINT={endpoint}")
     if name == WARM:
