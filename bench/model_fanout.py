@@ -11,13 +11,14 @@ link-rate`: tbf on the veths, docs/facts.md).
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.lablib import FLEET, BenchError, BenchLab, stopwatch
-from pdctl import hf_layout, inventory, layout, prefetch, ssh
+from pdctl import hf_layout, inventory, prefetch, ssh
 from pdctl.lab import hub_models
 from pdctl.workspace import Workspace
 
@@ -52,14 +53,19 @@ class Fleet:
             token=lab.env.get("HF_TOKEN"),
         )
 
-    def clear(self, lab_hosts: list[dict[str, Any]]) -> None:
-        by_address = {h["address"]: h["name"] for h in lab_hosts}
-
-        def one(address: str) -> None:
-            self.lab.ssh_root(by_address[address], f"rm -rf {layout.MODEL_CACHE}")
-
-        with ThreadPoolExecutor(4) as workers:  # a `pdctl lab ssh` each: a few at once
-            list(workers.map(one, self.names))  # raises the first error
+    def clear(self) -> None:
+        """Empty the hosts' caches, all hosts at once over one pooled connection each."""
+        pool = ssh.Pool(self.known, FLEET)
+        command = f"sudo -n rm -rf {shlex.quote(self.request.cache)}"
+        try:
+            with ThreadPoolExecutor(len(self.names)) as workers:
+                runs = workers.map(lambda n: pool.run(self.targets[n], command), self.names)
+                failed = [(n, r) for n, r in zip(self.names, runs, strict=True) if r.rc != 0]
+        finally:
+            pool.close()
+        if failed:
+            name, run = failed[0]
+            raise BenchError(f"{name}: {command} failed: {run.stderr.strip()[-300:]}")
 
     def fan_out(self, names: list[str], log: Callable[[str], None]) -> dict[str, Any]:
         pool = ssh.Pool(self.known, FLEET)
@@ -110,14 +116,13 @@ def measure(lab: BenchLab, hosts: int, log: Callable[[str], None]) -> tuple[floa
     """Seconds of pdctl's fan-out and of the baseline onto the fleet's first ``hosts`` hosts;
     the hub's downloads of the model during pdctl's run."""
     fleet = Fleet(lab, hosts)
-    lab_hosts = lab.status()["hosts"]
-    fleet.clear(lab_hosts)
+    fleet.clear()
     before = _downloads(lab)
     with stopwatch() as ours:
         doc = fleet.fan_out(fleet.names, lambda _line: None)
     taken = _downloads(lab) - before
     log(f"pdctl: {hosts} hosts in {ours[0]:.1f} s, {doc['bytes']} bytes each")
-    fleet.clear(lab_hosts)
+    fleet.clear()
     with stopwatch() as theirs:
         _all_from_the_hub(fleet, log)
     return ours[0], theirs[0], taken
