@@ -93,9 +93,10 @@ def measure(lab: BenchLab, log: Callable[[str], None]) -> tuple[list[float], lis
     timings: dict[str, list[float]] = {}
     for name in (WARM, COLD):
         if name == COLD:
-            log(f"scale-out-warm: fresh lab: {lab.hosts} hosts")
-            lab.fresh()  # the warm service out of the way (faster than its destroy)
-        model_fanout.prepare(lab)
+            log(f"scale-out-warm: destroy {WARM}")
+            lab.pdctl("destroy", WARM, "-y")  # its GPUs and its router's port for the other
+        else:
+            model_fanout.prepare(lab)
         path = write_specs(lab, lab.status()["hub"]["endpoint"])[name]
         log(f"scale-out-warm: deploy {name}")
         lab.pdctl("deploy", str(path), "--fleet", FLEET, "-y")
