@@ -25,6 +25,7 @@ import yaml
 
 from pdctl.lab.host import SHARE_MOUNT
 from pdctl.lab.image import SGLANG
+from pdctl.workspace import Workspace
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
@@ -206,12 +207,18 @@ class BenchLab:
         with ThreadPoolExecutor(4) as workers:  # a `pdctl lab ssh` each: a few at once
             list(workers.map(forget, gpu_hosts))  # raises the first error
 
+    def forget_services(self) -> None:
+        """The workspace's fleets and deployed services: new hosts, new host keys, nothing
+        deployed (a recorded service would hold its ports and GPUs in the next plan)."""
+        workspace = Workspace(self.home)
+        shutil.rmtree(workspace.inventories, ignore_errors=True)
+        shutil.rmtree(workspace.services, ignore_errors=True)
+
     def fresh(self) -> None:
         """Back to hosts that never saw a service: a freshly booted lab, registered again
         (faster than a destroy, and nothing of an earlier deploy can linger)."""
         self.down()
-        shutil.rmtree(self.home / "inventories", ignore_errors=True)  # new hosts, new host keys
-        shutil.rmtree(self.home / "services", ignore_errors=True)
+        self.forget_services()
         self.up()
         self.fleet_add()
 

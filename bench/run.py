@@ -30,7 +30,6 @@ without a lab: what CI's smoke test runs.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -100,8 +99,7 @@ def reset(lab: BenchLab) -> None:
 
 def with_lab(hosts: int, body: Callable[[BenchLab], None]) -> None:
     lab = BenchLab(OUT / f"ws-{hosts}", hosts)
-    shutil.rmtree(lab.home / "inventories", ignore_errors=True)
-    shutil.rmtree(lab.home / "services", ignore_errors=True)
+    lab.forget_services()
     progress(f"lab up: {hosts} hosts")
     try:
         lab.up()
