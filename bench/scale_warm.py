@@ -2,16 +2,18 @@
 healthy, registered with SMG), with the model in the host's cache (pdctl) against without it
 (the container downloads it from the hub at start, as with dstack).
 
-Two services on a small lab, one after the other, the same but for the cache: the same 1 GiB
-model (model-fanout's, pdctl/lab/hub_models.py), the hub capped at the site's uplink and the
-hosts' links at ten times that (model-fanout's caps). pdctl's spec names its model as specs do
-(`model`, `MODEL_ID=...`): pdctl fills every host's cache at deploy and mounts it read-only with
-HF_HOME and HF_HUB_OFFLINE=1, so a spare starts from the cache. The baseline's spec names it
-only in a variable taken from the deploying shell (a bare env KEY), which pdctl's plan never
-reads: pdctl then plans no cache (fetches nothing, mounts nothing, sets no HF_HOME), which is
-what a tool without a model cache gives the workers. With HF_ENDPOINT on the hub, each worker
-downloads the model at start into its container's own filesystem (the lab worker's online mode,
-pdctl/lab/worker/model_cache.py), and again at every start (`podman run --rm`).
+One service on a small lab, deployed with one spec, then redeployed with the other; the two
+differ in the cache alone: the same 1 GiB model (model-fanout's, pdctl/lab/hub_models.py), the
+hub capped at the site's uplink and the hosts' links at ten times that (model-fanout's caps),
+no replica running (the spares are what is measured). pdctl's spec names its model as specs
+do (`model`, `MODEL_ID=...`): pdctl fills every host's cache at deploy and mounts it read-only
+with HF_HOME and HF_HUB_OFFLINE=1, so a spare starts from the cache. The baseline's spec names
+it only in a variable taken from the deploying shell (a bare env KEY), which pdctl's plan
+never reads: pdctl then plans no cache (fetches nothing, mounts nothing, sets no HF_HOME),
+which is what a tool without a model cache gives the workers. With HF_ENDPOINT on the hub,
+each worker downloads the model at start into its container's own filesystem (the lab
+worker's online mode, pdctl/lab/worker/model_cache.py), and again at every start (`podman
+run --rm`).
 
 Each action is the scaler's own scale-out (pdctl/slots.py Actuator.scale_out, through
 bench/actions.py: the spares in turn, the previous one taken back out in the background, the
@@ -39,6 +41,7 @@ from pdctl import layout, model_cache, spec
 HOSTS = 4  # a CPU host (the router) and GPU hosts (the bench service's smallest lab)
 ACTIONS = 3  # counted scale-outs per path (each downloads the model once in the baseline)
 WARM, COLD = "warm", "cold"
+SERVICE = "scaled"  # one service, deployed with the warm spec, then redeployed with the cold
 MODEL_VARIABLE = "MODEL_ID"
 
 
@@ -47,7 +50,7 @@ def service_spec(name: str, endpoint: str) -> dict[str, Any]:
     none running (the deploy downloads nothing at start in either case). ``warm`` names the
     model where pdctl reads it, ``cold`` only in a variable from the deploying shell."""
     doc = spec_filling(HOSTS)
-    doc["name"] = name
+    doc["name"] = SERVICE
     for group in doc["replicas"][1:]:
         group["count"] = "0..1"
     doc["env"] = [e for e in doc["env"] if not e.startswith(f"{MODEL_VARIABLE}=")]
@@ -91,16 +94,17 @@ def measure(lab: BenchLab, log: Callable[[str], None]) -> tuple[list[float], lis
     """Seconds of each counted scale-out: from the cache, and downloading from the hub."""
     give_model_variable(lab)
     timings: dict[str, list[float]] = {}
+    model_fanout.prepare(lab)
     for name in (WARM, COLD):
-        if name == COLD:
-            log(f"scale-out-warm: destroy {WARM}")
-            lab.pdctl("destroy", WARM, "-y")  # its GPUs and its router's port for the other
-        else:
-            model_fanout.prepare(lab)
         path = write_specs(lab, lab.status()["hub"]["endpoint"])[name]
-        log(f"scale-out-warm: deploy {name}")
+        # The cold spec redeploys the service: its units without the cache (no slot runs).
+        log(f"scale-out-warm: deploy the {name} spec")
         lab.pdctl("deploy", str(path), "--fleet", FLEET, "-y")
-        with actions.parked_scaler(lab, name) as (plan, actuator):
+        with actions.parked_scaler(lab, SERVICE) as (plan, actuator):
+            if (plan.model_cache is not None) != (name == WARM):
+                raise BenchError(
+                    f"scale-out-warm: the {name} deploy's model cache: {plan.model_cache}"
+                )
             timings[name] = actions.take_turns(
                 actuator, actions.spares(plan), ACTIONS, actuator.scale_out
             )
