@@ -83,10 +83,8 @@ def check_inputs(lab: BenchLab) -> None:
     for name, path in write_specs(lab, "http://10.77.0.2:8080").items():
         service, env = spec.load(path, lab.env)
         cache = model_cache.plan_cache(service, env, layout.MODEL_CACHE)
-        if (cache is not None) != (name == WARM) or model_cache.model_id(service, env) not in {
-            model_fanout.REPO,
-            None,
-        }:
+        planned = cache.repo if cache is not None else None
+        if planned != (model_fanout.REPO if name == WARM else None):
             raise BenchError(f"scale-out-warm: the {name} spec plans the model cache {cache}")
 
 
