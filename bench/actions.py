@@ -12,7 +12,9 @@ the lab state) is subtracted: what remains is pdctl's overhead plus the containe
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.lablib import FLEET, PDCTL, SERVICE, BenchError, BenchLab, stopwatch
@@ -20,15 +22,16 @@ from pdctl import content, inventory
 from pdctl import service as services
 from pdctl.lab.state import FakeHardware
 from pdctl.plan import Plan, Slot
+from pdctl.slots import Actuator
 from pdctl.workspace import Workspace
 
 WORKER_WARMUP = FakeHardware(host_index=0).worker_warmup_secs
 
 
-def _spares(plan: Plan) -> list[Slot]:
+def spares(plan: Plan) -> list[Slot]:
     """The spare of each group; its index is the group's highest (scale.yml runs 1..N)."""
-    spares = [s for s in plan.slots() if not s.start]
-    by_group = {s.group: s for s in sorted(spares, key=lambda s: s.index)}
+    idle = [s for s in plan.slots() if not s.start]
+    by_group = {s.group: s for s in sorted(idle, key=lambda s: s.index)}
     if sorted(by_group) != ["decode", "prefill"]:
         raise BenchError("the benchmark service needs a spare prefill and a spare decode slot")
     for slot in by_group.values():
@@ -37,30 +40,60 @@ def _spares(plan: Plan) -> list[Slot]:
     return [by_group["prefill"], by_group["decode"]]
 
 
+@contextmanager
+def parked_scaler(lab: BenchLab, service: str) -> Iterator[tuple[Plan, Actuator]]:
+    """The deployed service's plan and its slot actuator (the scaler's own, pdctl/slots.py),
+    with the service's scaler stopped meanwhile: it would fight the benchmark over the spares."""
+    workspace = Workspace(lab.home)
+    plan = services.load_plan(workspace, service)
+    with services.open_handle(workspace, plan) as handle:
+        router_host = handle.targets[plan.router.host]
+        handle.pool.run(router_host, f"sudo -n systemctl stop pd-{service}-scaler.service")
+        try:
+            yield plan, handle.actuator
+        finally:
+            handle.pool.run(router_host, f"sudo -n systemctl start pd-{service}-scaler.service")
+
+
+def take_turns(
+    actuator: Actuator, pair: list[Slot], actions: int, scale_out: Callable[[Slot], None]
+) -> list[float]:
+    """Seconds of ``actions`` scale-outs onto the spares in turn, each slot taken back out
+    (untimed) in the background while the next is timed; one more first, not counted."""
+    timings: list[float] = []
+    leaving: Future[None] | None = None
+    with ThreadPoolExecutor(1) as background:
+        try:
+            for i in range(actions + 1):
+                slot = pair[i % 2]
+                with stopwatch() as took:
+                    scale_out(slot)
+                if i:
+                    timings.append(took[0])
+                if leaving is not None:
+                    leaving.result()
+                leaving = background.submit(actuator.scale_in, slot)
+        finally:
+            if leaving is not None:
+                leaving.result()
+    return timings
+
+
 def measure(lab: BenchLab, actions: int, out: Path) -> tuple[list[float], list[float]]:
     """Per-action seconds (warm-up excluded) for the pooled path and for the playbook path."""
-    workspace = Workspace(lab.home)
-    plan = services.load_plan(workspace, SERVICE)
-    spares = _spares(plan)
-    plan_vars = out / "scale-vars.json"
-    plan_vars.touch(mode=0o600)
-    plan_vars.write_text(json.dumps(plan.extravars()))
-    playbook = [
-        str(Path(PDCTL).with_name("ansible-playbook")),
-        "-i",
-        str(inventory.fleet_dir(workspace, FLEET)),
-        str(content.playbook("scale.yml")),
-        "-e",
-        f"@{plan_vars}",
-    ]
-    env = {**lab.env, "ANSIBLE_CONFIG": str(content.content_root() / "ansible.cfg")}
-    timings: dict[str, list[float]] = {"pooled": [], "playbook": []}
-    with services.open_handle(workspace, plan) as handle, ThreadPoolExecutor(1) as background:
-        router_host = handle.targets[plan.router.host]
-        # The scaler would fight the benchmark over the spare slots: park it.
-        handle.pool.run(router_host, f"sudo -n systemctl stop pd-{SERVICE}-scaler.service")
-        actuator = handle.actuator
-        leaving: Future[None] | None = None
+    with parked_scaler(lab, SERVICE) as (plan, actuator):
+        plan_vars = out / "scale-vars.json"
+        plan_vars.touch(mode=0o600)
+        plan_vars.write_text(json.dumps(plan.extravars()))
+        playbook = [
+            str(Path(PDCTL).with_name("ansible-playbook")),
+            "-i",
+            str(inventory.fleet_dir(Workspace(lab.home), FLEET)),
+            str(content.playbook("scale.yml")),
+            "-e",
+            f"@{plan_vars}",
+        ]
+        env = {**lab.env, "ANSIBLE_CONFIG": str(content.content_root() / "ansible.cfg")}
 
         def playbook_out(slot: Slot) -> None:
             argv = [*playbook, "-e", f"pd_scale_group={slot.group}"]
@@ -68,20 +101,7 @@ def measure(lab: BenchLab, actions: int, out: Path) -> tuple[list[float], list[f
             if not actuator.healthy(slot) or actuator.router.find(slot.url) is None:
                 raise BenchError(f"scale.yml did not leave {slot.name} serving")
 
-        try:
-            for path, scale_out in (("pooled", actuator.scale_out), ("playbook", playbook_out)):
-                for i in range(actions + 1):
-                    slot = spares[i % 2]
-                    with stopwatch() as took:
-                        scale_out(slot)
-                    if i:
-                        timings[path].append(took[0] - WORKER_WARMUP)
-                    if leaving is not None:
-                        leaving.result()
-                    leaving = background.submit(actuator.scale_in, slot)
-                if leaving is not None:
-                    leaving.result()
-                    leaving = None
-        finally:
-            handle.pool.run(router_host, f"sudo -n systemctl start pd-{SERVICE}-scaler.service")
-    return timings["pooled"], timings["playbook"]
+        pair = spares(plan)
+        pooled = take_turns(actuator, pair, actions, actuator.scale_out)
+        played = take_turns(actuator, pair, actions, playbook_out)
+    return [t - WORKER_WARMUP for t in pooled], [t - WORKER_WARMUP for t in played]

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import yaml
 
 from pdctl.lab.host import SHARE_MOUNT
 from pdctl.lab.image import SGLANG
+from pdctl.workspace import Workspace
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
@@ -192,13 +195,32 @@ class BenchLab:
 
     def forget_images(self) -> None:
         """Remove the worker images from every host, so the next deploy loads them again."""
-        for host in self.status()["hosts"]:
-            if host["kind"] == "gpu":
-                self.ssh_root(
-                    host["name"],
-                    "podman images --format '{{.Repository}}:{{.Tag}}' | grep pdctl-lab "
-                    "| xargs -r podman rmi -f >/dev/null",
-                )
+
+        def forget(host: str) -> None:
+            self.ssh_root(
+                host,
+                "podman images --format '{{.Repository}}:{{.Tag}}' | grep pdctl-lab "
+                "| xargs -r podman rmi -f >/dev/null",
+            )
+
+        gpu_hosts = [h["name"] for h in self.status()["hosts"] if h["kind"] == "gpu"]
+        with ThreadPoolExecutor(4) as workers:  # a `pdctl lab ssh` each: a few at once
+            list(workers.map(forget, gpu_hosts))  # raises the first error
+
+    def forget_services(self) -> None:
+        """The workspace's fleets and deployed services: new hosts, new host keys, nothing
+        deployed (a recorded service would hold its ports and GPUs in the next plan)."""
+        workspace = Workspace(self.home)
+        shutil.rmtree(workspace.inventories, ignore_errors=True)
+        shutil.rmtree(workspace.services, ignore_errors=True)
+
+    def fresh(self) -> None:
+        """Back to hosts that never saw a service: a freshly booted lab, registered again
+        (faster than a destroy, and nothing of an earlier deploy can linger)."""
+        self.down()
+        self.forget_services()
+        self.up()
+        self.fleet_add()
 
     def down(self) -> None:
         subprocess.run([PDCTL, "-q", "lab", "down"], env=self.env, capture_output=True, check=False)

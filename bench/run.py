@@ -13,6 +13,10 @@ R = B / A (higher is better):
 - check: `fleet check` versus the same checks host after host.
 - scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
   scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
+- scale-out-warm: p50 of a scale-out (the scaler's decision to the replica serving) with a
+  1 GB model on a 4-host lab, the hub and links capped as for model-fanout: pdctl's spare
+  starts from the host's model cache versus a worker that downloads the model from the hub at
+  start into its container, pdctl planning no cache for it (bench/scale_warm.py).
 - model-fanout: a 1 GB model onto 8 and 16 hosts of the big lab, the hub capped at a tenth of
   the hosts' links: pdctl's prefetch (one download, fanned out in the fleet) versus every host
   downloading it from the hub at once (bench/model_fanout.py). Last: its caps stay on.
@@ -26,7 +30,6 @@ without a lab: what CI's smoke test runs.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +38,7 @@ from pathlib import Path
 if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import actions, baseline, model_fanout, scaler_phases, scaler_sim
+from bench import actions, baseline, model_fanout, scale_warm, scaler_phases, scaler_sim
 from bench.lablib import (
     FLEET,
     OUT,
@@ -49,7 +52,16 @@ from bench.lablib import (
 )
 from pdctl import spec
 
-NAMES = ("scaler-sim", "check", "deploy", "redeploy", "scale-action", "model-fanout")
+NAMES = (
+    "scaler-sim",
+    "check",
+    "deploy",
+    "redeploy",
+    "scale-action",
+    "scale-out-warm",
+    "model-fanout",
+)
+BIG_LAB = {"check", "deploy", "redeploy", "scale-action", "model-fanout"}
 STARTED = time.monotonic()
 CONTROLLER_CPU: dict[int, float] = {}  # hosts -> CPU seconds of pdctl's first deploy's process tree
 
@@ -81,18 +93,13 @@ def reset(lab: BenchLab) -> None:
     """Back to hosts that never saw the service: a freshly booted lab (faster than a destroy,
     and nothing of the first deploy can linger), registered again, without the images."""
     progress(f"fresh lab: {lab.hosts} hosts")
-    lab.down()
-    shutil.rmtree(lab.home / "inventories", ignore_errors=True)  # new hosts, new host keys
-    shutil.rmtree(lab.home / "services", ignore_errors=True)
-    lab.up()
-    lab.fleet_add()
+    lab.fresh()
     lab.forget_images()
 
 
 def with_lab(hosts: int, body: Callable[[BenchLab], None]) -> None:
     lab = BenchLab(OUT / f"ws-{hosts}", hosts)
-    shutil.rmtree(lab.home / "inventories", ignore_errors=True)
-    shutil.rmtree(lab.home / "services", ignore_errors=True)
+    lab.forget_services()
     progress(f"lab up: {hosts} hosts")
     try:
         lab.up()
@@ -116,6 +123,28 @@ def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
 
     if "deploy" in wanted:
         with_lab(hosts, body)
+
+
+def scale_out_warm(wanted: set[str]) -> None:
+    def body(lab: BenchLab) -> None:
+        progress(
+            f"scale-out-warm: {scale_warm.ACTIONS} actions each, hub {model_fanout.HUB_RATE}/s, "
+            f"links {model_fanout.LINK_RATE}/s, {model_fanout.SIZE} model"
+        )
+        warm, cold = scale_warm.measure(lab, progress)
+        result(
+            line(
+                "scale-out-warm",
+                scale_warm.p50(warm),
+                scale_warm.p50(cold),
+                lab.hosts,
+                f"p50 of {len(warm)} actions each; max pdctl {max(warm):.2f} s, baseline "
+                f"{max(cold):.2f} s; {model_fanout.SIZE} model, hub {model_fanout.HUB_RATE}/s",
+            )
+        )
+
+    if "scale-out-warm" in wanted:
+        with_lab(scale_warm.HOSTS, body)
 
 
 def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, float]) -> None:
@@ -218,6 +247,8 @@ def dry_run(hosts: int, small: int) -> None:
     progress("baseline playbook (syntax checked) and config written")
     model_fanout.check_inputs()
     progress("model-fanout: the model id and the caps (the hub at a tenth of the links) hold")
+    scale_warm.check_inputs(BenchLab(out, scale_warm.HOSTS))
+    progress("scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -240,7 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         small: dict[str, float] = {"hosts": args.small}
         small_deploy(wanted, args.small, small)
-        if wanted - {"scaler-sim"}:
+        scale_out_warm(wanted)
+        if wanted & BIG_LAB:
             big_lab(wanted, args.hosts, args.actions, small)
     except BenchError as error:
         print(f"bench: {error}", file=sys.stderr)

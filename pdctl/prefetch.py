@@ -40,9 +40,18 @@ _PDCTL_IMPORT = re.compile(
     r"^from __future__ import annotations\n|^from pdctl\.\w+ import (?:\([^)]*\)|[^\n]*)\n",
     flags=re.MULTILINE,
 )
-_SOURCE = "from __future__ import annotations\n" + "".join(
-    _PDCTL_IMPORT.sub("", Path(module.__file__ or "").read_text()) for module in _SHIPPED
-).replace('if __name__ == "__main__":\n    sys.exit(main())\n', "")
+
+
+def _joined(modules: tuple[Any, ...]) -> str:
+    return "from __future__ import annotations\n" + "".join(
+        _PDCTL_IMPORT.sub("", Path(module.__file__ or "").read_text()) for module in modules
+    )
+
+
+# The hub client alone (hf_layout and model_fetch as one module): the lab's worker image
+# carries it (pdctl/lab/worker_tree.py) to download a model the way pdctl's fetcher does.
+SCRIPT = _joined((hf_layout, model_fetch))
+_SOURCE = _joined(_SHIPPED).replace('if __name__ == "__main__":\n    sys.exit(main())\n', "")
 # The argv holds this fixed loader only: the script, then the requests, come on stdin.
 _LOADER = (
     "import sys;n=int(sys.stdin.buffer.readline());"
@@ -57,7 +66,7 @@ READ_TIMEOUT = 600.0
 
 def script_input() -> bytes:
     """What the loader reads first: the script's length, then the script."""
-    data = _SOURCE.encode()
+    data = SCRIPT.encode()
     return str(len(data)).encode() + b"\n" + data
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pdctl import prefetch
+
 PACKAGE = "pdlab_worker"
 WORKER_SOURCE = Path(__file__).parent / "worker"
 Engine = Literal["sglang", "vllm"]
@@ -76,6 +78,9 @@ def stand_in_files() -> Iterator[Entry]:
     for file in sorted(WORKER_SOURCE.rglob("*.py")):
         relative = file.relative_to(WORKER_SOURCE).as_posix()
         yield Entry("site", f"{PACKAGE}/{relative}", file.read_bytes())
+    # pdctl's model fetcher (one standard-library script): a stand-in with no cache mounted
+    # downloads its model with it, as an engine does through huggingface_hub (model_cache.py).
+    yield Entry("site", f"{PACKAGE}/model_fetch.py", prefetch.SCRIPT.encode())
 
 
 def _wheel_target(name: str) -> str | None:

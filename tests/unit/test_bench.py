@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import baseline
+from bench import actions, baseline, model_fanout, scale_warm
 from bench.lablib import line, percentile, spec_filling
 from pdctl import spec
+from pdctl.fleet_model import Fleet, FleetSettings
+from pdctl.plan import build
+from tests.unit.test_plan import host
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(
@@ -38,6 +41,10 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
     assert [m["name"] for m in lines] == ["scaler-sim"]
     assert "baseline playbook (syntax checked)" in proc.stderr
+    assert (
+        "scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only"
+        in (proc.stderr)
+    )
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout
@@ -75,3 +82,27 @@ def test_ansible_defaults_baseline(tmp_path: Path) -> None:
     assert not [line for line in cfg.splitlines() if line.startswith("ssh_args")]
     plays = yaml.safe_load(baseline.defaults_playbook("deploy.yml", tmp_path).read_text())
     assert plays and all(p["gather_facts"] is True for p in plays)
+
+
+def test_scale_out_warm_plans_the_cache_for_pdctls_service_only(tmp_path: Path) -> None:
+    """The two services differ in the cache alone: pdctl's fetches and mounts it; the
+    baseline's gets none (no HF_HOME, online, the hub as HF_ENDPOINT). Both scale from zero."""
+    hosts = [host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3")]
+    fleet = Fleet(name="bench", hosts=hosts, settings=FleetSettings())
+    endpoint = "http://10.77.9.2:8080"
+    plans = {}
+    for name in (scale_warm.WARM, scale_warm.COLD):
+        path = tmp_path / f"{name}.yml"
+        path.write_text(yaml.safe_dump(scale_warm.service_spec(name, endpoint)))
+        service, env = spec.load(path, {"HF_TOKEN": "x", "MODEL_ID": model_fanout.REPO})
+        plans[name] = build(service, env, fleet, secrets_digest="")
+        assert not any(slot.start for slot in plans[name].slots())
+        assert [s.group for s in actions.spares(plans[name])] == ["prefill", "decode"]
+        assert plans[name].env["HF_ENDPOINT"] == endpoint
+    warm, cold = plans[scale_warm.WARM], plans[scale_warm.COLD]
+    assert warm.model_repo == model_fanout.REPO and warm.env["HF_HUB_OFFLINE"] == "1"
+    assert any(v.endswith(":/root/.cache/huggingface:ro") for v in warm.volumes)
+    assert cold.model_repo is None and cold.model_cache is None
+    assert not {"HF_HOME", "HF_HUB_OFFLINE"} & set(cold.env)
+    assert not any("huggingface" in v for v in cold.volumes)
+    assert "MODEL_ID" in cold.secret_names

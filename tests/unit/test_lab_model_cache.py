@@ -1,12 +1,18 @@
 """The worker stand-ins' model loading (pdctl/lab/worker/model_cache.py), on a Hugging Face
-cache that the real ``huggingface_hub`` client filled from the lab hub; and the SGLang
-stand-in refusing to start, as an engine would offline, when its model is missing or corrupt."""
+cache that the real ``huggingface_hub`` client filled from the lab hub; the SGLang stand-in
+refusing to start, as an engine would offline, when its model is missing or corrupt; and,
+with no cache mounted but a hub named, downloading the model from the lab hub (on loopback)
+into a directory of its own, as an engine does online."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +20,7 @@ from huggingface_hub import snapshot_download
 
 from pdctl.lab import hub, hub_models
 from pdctl.lab.worker import model_cache
-from tests.unit.test_lab_worker import Launcher, health, wait_for
+from tests.unit.test_lab_worker import WORKER_DIR, Launcher, health, wait_for
 
 REPO = "lab/load-me"
 SHARD = 1 << 20
@@ -147,16 +153,135 @@ def test_a_corrupt_blob_refuses_to_start(home: Path) -> None:
     assert refused is not None and "does not match its" in refused
 
 
-def test_no_cache_in_the_environment_starts_without_loading() -> None:
+def test_no_cache_and_no_hub_in_the_environment_starts_without_loading() -> None:
+    line = (
+        "INFO",
+        "No Hugging Face cache in this container (HF_HOME unset) and no hub to download from "
+        "(HF_ENDPOINT unset or HF_HUB_OFFLINE set): starting without loading org/anything "
+        "(lab specs that name neither)",
+    )
+    for env in ({}, {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "yes"}):
+        log = Lines()
+        assert model_cache.load_model("org/anything", None, env, {}, log) is None
+        assert log.lines == [line]  # offline: not even a request to the (closed) port
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A lab hub on loopback holding REPO: its endpoint and its root."""
+    root = tmp_path_factory.mktemp("served-hub")
+    hub_models.add_model(root, REPO, 3 * SHARD, root / ".cache", shards=3)
+    server = hub.make_server(root)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield hub.endpoint(server), root
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _downloads(root: Path) -> int:
+    counts = hub.read_downloads(root)["downloads"]
+    return sum(n for key, n in counts.items() if key.startswith(f"{REPO}/"))
+
+
+def test_without_a_cache_it_downloads_the_model_into_a_directory_of_its_own(
+    served: tuple[str, Path], tmp_path: Path
+) -> None:
+    endpoint, root = served
+    env = {"HF_ENDPOINT": endpoint, "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    before = _downloads(root)
     log = Lines()
-    assert model_cache.load_model("org/anything", None, {}, {}, log) is None
-    assert log.lines == [
-        (
-            "INFO",
-            "No Hugging Face cache in this container (HF_HOME unset): starting without loading "
-            "org/anything (lab specs that mount no model cache)",
-        )
+    assert model_cache.load_model(REPO, None, env, {"load_bytes_per_s": 0}, log) is None
+    assert _downloads(root) - before == 6  # every file of the repo, each once
+    [home] = tmp_path.glob("hf-download-*")
+    folder = home / "hub" / "models--lab--load-me"
+    commit = (folder / "refs" / "main").read_text()
+    assert sorted(p.name for p in (folder / "snapshots" / commit).iterdir()) == [
+        "config.json",
+        "model-00001-of-00003.safetensors",
+        "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
     ]
+    messages = [m for _level, m in log.lines]
+    assert messages[0].startswith(f"No Hugging Face cache mounted: downloading {REPO} from")
+    assert messages[1].startswith(f"Downloaded {REPO} at {commit}: ")
+    assert messages[-1].startswith("Load weight end.")
+    # A start after it downloads again (a container's filesystem does not outlive it); a
+    # commit id as the revision names what is downloaded.
+    assert model_cache.load_model(REPO, commit, env, {}, Lines()) is None
+    assert len(list(tmp_path.glob("hf-download-*"))) == 2
+    assert _downloads(root) - before == 12
+
+
+def test_a_download_that_fails_refuses_to_start(served: tuple[str, Path], tmp_path: Path) -> None:
+    endpoint, root = served
+    hub_settings_check = hub._SETTINGS_CHECK_SECS + 0.1
+    env = {"HF_ENDPOINT": endpoint, "TMPDIR": str(tmp_path)}
+    refused = model_cache.load_model("lab/not-there", None, env, {}, Lines())
+    assert refused is not None and refused.startswith(
+        f"Failed to load the model: model lab/not-there: download from {endpoint} failed: "
+    )
+    assert "404" in refused
+    hub.write_settings(root, None, "hf_right")
+    time.sleep(hub_settings_check)  # the hub reads its settings again
+    try:
+        refused = model_cache.load_model(REPO, None, env, {}, Lines())
+        assert refused is not None and "401" in refused
+        good = {**env, "HF_TOKEN": "hf_right"}
+        assert model_cache.load_model(REPO, None, good, {"load_bytes_per_s": 0}, Lines()) is None
+    finally:
+        hub.write_settings(root, None, None)
+        time.sleep(hub_settings_check)
+
+
+def test_the_images_copy_of_the_fetcher_downloads_with_the_standard_library_only(
+    served: tuple[str, Path], tmp_path: Path
+) -> None:
+    """In the image there is no pdctl: the stand-in takes the fetcher it carries."""
+    endpoint, _root = served
+    code = (
+        "import sys\n"
+        "from pdlab_worker import model_cache\n"
+        "env = {'HF_ENDPOINT': sys.argv[1], 'TMPDIR': sys.argv[2]}\n"
+        "log = lambda message, level: print(level, message)\n"
+        "print('refused:', model_cache.load_model(sys.argv[3], None, env, {}, log))\n"
+        "print('fetcher:', model_cache.model_fetch.__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, endpoint, str(tmp_path), REPO],
+        env={"PYTHONPATH": str(WORKER_DIR), "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,  # not the checkout: no pdctl on sys.path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: None" in proc.stdout and "Load weight end." in proc.stdout
+    assert "fetcher: pdlab_worker.model_fetch" in proc.stdout
+
+
+def test_the_sglang_stand_in_downloads_its_model_when_no_cache_is_mounted(
+    launcher: Launcher, served: tuple[str, Path], tmp_path: Path
+) -> None:
+    endpoint, _root = served
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "TMPDIR": str(tmp_path),
+        "HF_HOME": None,
+        "HF_HUB_CACHE": None,
+        "HF_HUB_OFFLINE": None,
+        "PDFAKE_LOAD_BYTES_PER_S": "0",
+    }
+    worker = launcher.start("null", "--model-path", REPO, env=env)
+    assert health(worker.port) == 200
+    log = worker.log()
+    assert f"Downloaded {REPO} at " in log and "Load weight end." in log
 
 
 def test_the_sglang_stand_in_loads_its_model_or_refuses_to_start(

@@ -12,10 +12,17 @@ bytes: ``load_bytes_per_s`` in the lab's state file (``PDFAKE_LOAD_BYTES_PER_S``
 the safetensors index, or a blob that does not match its name, refuses the start with one
 line, like an engine that cannot download offline.
 
-No Hugging Face cache in the environment at all (neither ``HF_HOME`` nor ``HF_HUB_CACHE``
-set, and the model not a path) means no cache was mounted: the stand-in then starts without
-loading (an INFO line says so), so that lab specs written before pdctl mounted its model cache keep
-working.
+No Hugging Face cache in the environment (neither ``HF_HOME`` nor ``HF_HUB_CACHE`` set, and
+the model not a path) means pdctl mounted none. With ``HF_ENDPOINT`` set and outgoing traffic
+allowed (``HF_HUB_OFFLINE`` not 1/ON/YES/TRUE, huggingface_hub's reading), the stand-in then
+does what an engine does through ``huggingface_hub.snapshot_download``: it downloads the model
+from that hub (``HF_TOKEN`` as the bearer token) into a temporary directory of its own (under
+``$TMPDIR``: inside a container, its throw-away filesystem, so every start downloads again),
+then verifies and loads it from there as above. The download is pdctl's own fetcher
+(pdctl/model_fetch.py, which the lab image carries as ``pdlab_worker/model_fetch.py``: the hub
+API, every name checked before it becomes a path, resumes and retries). Only when no endpoint
+is given either does it start without loading (an INFO line says so), for lab specs that name
+neither a cache nor a hub.
 
 Standard library only: it runs in the lab's worker image, beside the stand-ins' packages.
 """
@@ -23,12 +30,19 @@ Standard library only: it runs in the lab's worker image, beside the stand-ins' 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import re
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+try:  # the source tree: pdctl's own fetcher
+    from pdctl import model_fetch
+except ImportError:  # the lab image, which carries it beside the stand-ins (worker_tree.py)
+    from . import model_fetch  # type: ignore[attr-defined,no-redef]  # only in the image
 
 DEFAULT_LOAD_BYTES_PER_S = 1e9
 LOAD_RATE_ENV = "PDFAKE_LOAD_BYTES_PER_S"
@@ -52,6 +66,37 @@ def hub_cache(env: Mapping[str, str]) -> Path | None:
     if env.get("HF_HOME"):
         return Path(env["HF_HOME"]) / "hub"
     return None
+
+
+def offline(env: Mapping[str, str]) -> bool:
+    """huggingface_hub's reading of HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE): docs/facts.md,
+    "Hugging Face Hub API and cache"."""
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def download(
+    model: str, revision: str | None, endpoint: str, env: Mapping[str, str], log: Log
+) -> tuple[Path, str]:
+    """The model from the hub at ``endpoint`` into a new temporary hub cache: that cache and
+    the commit downloaded, or ModelNotLoaded."""
+    rev = revision or "main"
+    home = Path(tempfile.mkdtemp(prefix="hf-download-", dir=env.get("TMPDIR") or None))
+    token = env.get("HF_TOKEN") or None
+    started = time.monotonic()
+    log(f"No Hugging Face cache mounted: downloading {model} from {endpoint} into {home}", "INFO")
+    try:
+        manifest = model_fetch.hub_manifest(endpoint, model, rev, token)
+        target = model_fetch.Cache(str(home), model)
+        target.prepare()
+        source = {"kind": "hub", "endpoint": endpoint, "token": token}
+        model_fetch.Fetcher(target, manifest, source, lambda _event: None).run(rev)
+    except (OSError, ValueError, RuntimeError, http.client.HTTPException) as exc:
+        raise ModelNotLoaded(f"model {model}: download from {endpoint} failed: {exc}") from None
+    total = sum(entry["size"] for entry in manifest["files"])
+    took = time.monotonic() - started
+    log(f"Downloaded {model} at {manifest['commit']}: {total} bytes in {took:.2f} s", "INFO")
+    return home / "hub", str(manifest["commit"])
 
 
 def load_rate(env: Mapping[str, str], state: Mapping[str, Any]) -> float:
@@ -157,15 +202,19 @@ def load_model(
     """Load the model like an engine at start: None once loaded (or when no cache is
     mounted), else the refusal line."""
     cache = hub_cache(env)
-    if not model.startswith("/") and cache is None:
+    endpoint = env.get("HF_ENDPOINT", "")
+    if not model.startswith("/") and cache is None and (not endpoint or offline(env)):
         log(
-            f"No Hugging Face cache in this container (HF_HOME unset): starting without "
-            f"loading {model} (lab specs that mount no model cache)",
+            f"No Hugging Face cache in this container (HF_HOME unset) and no hub to download "
+            f"from (HF_ENDPOINT unset or HF_HUB_OFFLINE set): starting without loading {model} "
+            "(lab specs that name neither)",
             "INFO",
         )
         return None
     rate = load_rate(env, state)
     try:
+        if cache is None and not model.startswith("/"):
+            cache, revision = download(model, revision, endpoint, env, log)
         if model.startswith("/"):
             model_dir = Path(model)
             if not model_dir.is_dir():
