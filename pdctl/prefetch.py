@@ -66,7 +66,7 @@ READ_TIMEOUT = 600.0
 
 def script_input() -> bytes:
     """What the loader reads first: the script's length, then the script."""
-    data = SCRIPT.encode()
+    data = _SOURCE.encode()
     return str(len(data)).encode() + b"\n" + data
 
 

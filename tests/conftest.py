@@ -10,9 +10,9 @@ from tests.support import Lab, pdctl, require_lab, start_lab
 # The lab modules, longest first (a loaded 2-core run with --durations=0; rough is enough).
 # `make test` runs modules side by side (--dist loadfile) in collection order
 # (--no-loadscope-reorder: xdist's default puts modules with many tests first, so the few-test
-# lab modules that take minutes started last and made the suite's tail). Longest first keeps
-# the workers busy to the end; the quick unit and CLI modules fill the gaps. A module not
-# listed runs after these and before the unit tests.
+# lab modules that take minutes started last and made the suite's tail). The unit and CLI
+# modules go first (about a minute and a half, and some time their stand-ins: better before
+# the labs load the machine), then these, longest first, then any lab module not listed.
 LONGEST_FIRST = (
     "test_nvidia",
     "test_deploy",
@@ -33,10 +33,10 @@ LONGEST_FIRST = (
 
 
 def _rank(item: pytest.Item) -> tuple[int, int]:
+    if "integration" not in item.path.parts:
+        return (0, 0)
     module = item.path.stem
-    if module in LONGEST_FIRST:
-        return (0, LONGEST_FIRST.index(module))
-    return (1, 0) if "integration" in item.path.parts else (2, 0)
+    return (1, LONGEST_FIRST.index(module)) if module in LONGEST_FIRST else (2, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
