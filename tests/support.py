@@ -9,15 +9,18 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pdctl.lab import worker_tree
+from pdctl.lab import hub, worker_tree
 from pdctl.plan import Plan, listeners
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
@@ -301,3 +304,17 @@ def with_template_text(spec_text: str, canary: Path) -> str:
     return text.replace(
         PREFILL_LAUNCH, f"      - {quoted(values['command'])}\n" + PREFILL_LAUNCH, 1
     )
+
+
+@contextmanager
+def lab_hub_on_loopback(root: Path) -> Iterator[str]:
+    """The lab's model hub serving ``root`` on loopback, in a thread: its endpoint."""
+    server = hub.make_server(root)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield hub.endpoint(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

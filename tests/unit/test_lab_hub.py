@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from huggingface_hub.errors import (
 )
 
 from pdctl.lab import hub, hub_models
+from tests.support import lab_hub_on_loopback
 
 REPO = "lab/test-model"
 SIZE = 3 << 20  # three shards of 1 MiB
@@ -45,15 +45,8 @@ def served(hub_root: Path) -> Iterator[tuple[str, Path]]:
     """A fresh hub process state (counts from zero) over the module's models."""
     for name in ("downloads.json", "settings.json"):
         (hub_root / name).unlink(missing_ok=True)
-    server = hub.make_server(hub_root)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield hub.endpoint(server), hub_root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with lab_hub_on_loopback(hub_root) as endpoint:
+        yield endpoint, hub_root
 
 
 def _downloads(root: Path) -> dict[str, int]:

@@ -20,6 +20,7 @@ from huggingface_hub import snapshot_download
 
 from pdctl.lab import hub, hub_models
 from pdctl.lab.worker import model_cache
+from tests.support import lab_hub_on_loopback
 from tests.unit.test_lab_worker import WORKER_DIR, Launcher, health, wait_for
 
 REPO = "lab/load-me"
@@ -171,15 +172,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """A lab hub on loopback holding REPO: its endpoint and its root."""
     root = tmp_path_factory.mktemp("served-hub")
     hub_models.add_model(root, REPO, 3 * SHARD, root / ".cache", shards=3)
-    server = hub.make_server(root)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield hub.endpoint(server), root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with lab_hub_on_loopback(root) as endpoint:
+        yield endpoint, root
 
 
 def _downloads(root: Path) -> int:
