@@ -56,9 +56,18 @@ class Fleet:
         )
 
     def clear(self) -> None:
-        """Empty the hosts' caches, all hosts at once over one pooled connection each."""
+        """Empty the hosts' caches."""
+        self.on_every_host(f"sudo -n rm -rf {shlex.quote(self.request.cache)}")
+
+    def idle(self) -> None:
+        """Stop what earlier benchmarks left running on the hosts (a deployed service's units):
+        the lab's hosts share its 2 cores, so one host's idle workers would slow another's
+        relaying, which on a real fleet has its own CPUs."""
+        self.on_every_host("sudo -n systemctl stop 'pd-*'")
+
+    def on_every_host(self, command: str) -> None:
+        """``command`` on every host at once, over one pooled connection each."""
         pool = ssh.Pool(self.known, FLEET)
-        command = f"sudo -n rm -rf {shlex.quote(self.request.cache)}"
         try:
             with ThreadPoolExecutor(len(self.names)) as workers:
                 runs = workers.map(lambda n: pool.run(self.targets[n], command), self.names)
@@ -117,6 +126,7 @@ def measure(lab: BenchLab, hosts: int, log: Callable[[str], None]) -> tuple[floa
     """Seconds of pdctl's fan-out and of the baseline onto the fleet's first ``hosts`` hosts;
     the hub's downloads of the model during pdctl's run."""
     fleet = Fleet(lab, hosts)
+    fleet.idle()
     fleet.clear()
     before = _downloads(lab)
     with stopwatch() as ours:
