@@ -95,12 +95,7 @@ def worker_script(commands: list[str], role: Literal["prefill", "decode"]) -> st
             "the group has no commands",
             "add the command that starts the server: python -m sglang.launch_server ...",
         )
-    parsed: list[_Command] = []
-    for index, text in enumerate(commands):
-        try:
-            parsed.append(_parse(text))
-        except CommandError as exc:
-            raise exc.at(index) from None
+    parsed = _parse_all(commands)
     last = len(parsed) - 1
     found = _find_launch(parsed)
     if found is not None and found[0] != last:
@@ -120,16 +115,21 @@ def worker_script(commands: list[str], role: Literal["prefill", "decode"]) -> st
     return "\n".join(lines) + "\n"
 
 
-def find_launch(commands: list[str]) -> Launch | None:
-    """The server launch among a group's commands (None: none of them starts one), with its
-    engine and, for vLLM, its KV connector and role. CommandError as worker_script's."""
+def _parse_all(commands: list[str]) -> list[_Command]:
+    """Each command parsed; a CommandError names the command's index."""
     parsed: list[_Command] = []
     for index, text in enumerate(commands):
         try:
             parsed.append(_parse(text))
         except CommandError as exc:
             raise exc.at(index) from None
-    found = _find_launch(parsed)
+    return parsed
+
+
+def find_launch(commands: list[str]) -> Launch | None:
+    """The server launch among a group's commands (None: none of them starts one), with its
+    engine and, for vLLM, its KV connector and role. CommandError as worker_script's."""
+    found = _find_launch(_parse_all(commands))
     return found[1] if found is not None else None
 
 
