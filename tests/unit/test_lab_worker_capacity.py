@@ -18,7 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
 from pdctl.lab.state import FakeHardware, write_hardware
+from pdctl.lab.worker.common.capacity import Capacity, Pace, Rates
+from pdctl.lab.worker.sglang import launch_server
 from tests.unit.test_lab_worker import (
     MODEL,
     Launcher,
@@ -314,3 +318,49 @@ def test_bucket_flags_set_the_bounds_as_in_sglang(launcher: Launcher) -> None:
     assert bounds == ["0.01", "0.05", "0.5", "+Inf"]
     assert 'sglang:inter_token_latency_seconds_bucket{model_name="' in text  # SGLang's default
     assert "--bucket-time-to-first-token" not in worker.log()  # a known flag: no warning
+
+
+# --------------------------------------------------------------------------- counted before sent
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["openai", "generate"])
+def test_a_stream_is_counted_before_its_finishing_event(native: bool) -> None:
+    """SGLang's tokenizer manager counts a finished request (collect_metrics) in the step that
+    wakes the HTTP handler to send it, so a client holding the whole answer sees it counted.
+    The stand-in counts before it yields the finishing event: no test or scaler reading
+    /metrics right after an answer races the bookkeeping."""
+    answer = launch_server.Answer(text="a b c", prompt_tokens=2, completion_tokens=3)
+    rates = Rates(prefill_tokens_per_s=1e9, decode_tokens_per_s=1e9, decode_floor_s=0.0)
+    pace = Pace(
+        capacity=Capacity(),
+        mode="null",
+        rates=rates,
+        latency=0.0,
+        prompt_tokens=2,
+        kv_from=None,
+        started=time.monotonic(),
+        warn=print,
+    )
+    events: list[str] = []
+    counted_after: list[int] = []
+    ctx = launch_server.StreamContext(
+        rid="r",
+        model=MODEL,
+        chat=True,
+        started=pace.started,
+        pace=pace,
+        include_usage=False,
+        complete=lambda: counted_after.append(len(events)),
+    )
+    stream = launch_server.generate_events if native else launch_server.openai_events
+    for event in stream(ctx, answer, launch_server.pieces(answer.text)):
+        if not events and counted_after:
+            pytest.fail("counted before any event")
+        events.append(event)
+    finishing = next(
+        i
+        for i, event in enumerate(events)
+        if (json.loads(event).get("meta_info") or {}).get("finish_reason")
+        or json.loads(event).get("choices", [{}])[0].get("finish_reason")
+    )
+    assert counted_after == [finishing]  # once, just before the finishing event

@@ -224,6 +224,7 @@ class Pace:
     warn: Callable[[str], None]
     last: float | None = field(default=None, init=False)
     decoding: bool = field(default=False, init=False)
+    finished: bool = field(default=False, init=False)
 
     def token(self, index: int) -> None:
         """Wait until token ``index`` (0-based) of the answer is due."""
@@ -262,9 +263,16 @@ class Pace:
             self.capacity.itl.observe(now - self.last)
         self.last = now
 
-    def close(self, served: bool) -> None:
+    def finish(self) -> None:
+        """The answer's last token is out of the engine: its end-to-end latency is recorded
+        (before the client gets the end of the answer, as ``Runtime.record``)."""
+        if not self.finished:
+            self.finished = True
+            self.capacity.e2e.observe(time.monotonic() - self.started)
+        self.close()
+
+    def close(self) -> None:
+        """Leave the decode slot (an aborted answer records no end-to-end latency)."""
         if self.decoding:
             self.capacity.decode.leave()
             self.decoding = False
-        if served:
-            self.capacity.e2e.observe(time.monotonic() - self.started)

@@ -60,12 +60,19 @@ class Runtime:
             self.requests_total += 1
             return True
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def record(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count a finished answer's tokens. Called before the answer's last bytes go out, as
+        SGLang's tokenizer manager counts a request (collect_metrics) in the same step that
+        wakes the HTTP handler to send it: a client that has its whole answer sees it counted."""
         with self._cond:
-            self.inflight -= 1
             self.prompt_tokens_total += prompt_tokens
             self.generation_tokens_total += completion_tokens
             self._recent.append((time.monotonic(), completion_tokens))
+
+    def end(self) -> None:
+        """One generation left (answered, refused or aborted)."""
+        with self._cond:
+            self.inflight -= 1
             self._cond.notify_all()
 
     def start_draining(self) -> int:

@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -727,9 +727,9 @@ class WorkerHandler(BaseHandler):
         room = bootstrap_room(body) if self.cfg.mode == "prefill" else None
         if room is not None:
             self.runtime.capacity.rooms.arrived(room)
-        status, answers = 500, list[Answer]()
+        status = 500
         try:
-            status, answers = self._generate(path, body, limit, started)
+            status = self._generate(path, body, limit, started)
         except (BrokenPipeError, ConnectionResetError):
             # The router drops the other leg's connection once one leg fails; SGLang aborts.
             self.close_connection = True
@@ -737,9 +737,7 @@ class WorkerHandler(BaseHandler):
         finally:
             if room is not None:
                 self.runtime.capacity.rooms.finished(room)
-            prompt = sum(a.prompt_tokens for a in answers)
-            done = sum(a.completion_tokens for a in answers)
-            self.runtime.end(prompt, done)
+            self.runtime.end()
             self._log_generation(path, body, status, started)
 
     def _log_generation(self, path: str, body: Json, status: int, started: float) -> None:
@@ -754,28 +752,31 @@ class WorkerHandler(BaseHandler):
             f"{via} {int((time.monotonic() - started) * 1000)}ms"
         )
 
-    def _generate(
-        self, path: str, body: Json, limit: int | None, started: float
-    ) -> tuple[int, list[Answer]]:
+    def _generate(self, path: str, body: Json, limit: int | None, started: float) -> int:
         if self.cfg.mode == "decode":
             error = self._kv_transfer_error(body)
             if error:
                 self.send_error_json(500, error)
-                return 500, []
+                return 500
         answers = self._answers(path, body, limit)
         rid = uuid.uuid4().hex
-        pace = self._pace(sum(a.prompt_tokens for a in answers), body, started)
-        served = False
+        prompt_tokens = sum(a.prompt_tokens for a in answers)
+        pace = self._pace(prompt_tokens, body, started)
+
+        def complete() -> None:
+            pace.finish()
+            self.runtime.record(prompt_tokens, sum(a.completion_tokens for a in answers))
+
         try:
             if body.get("stream") is True:
-                self._stream(path, body, answers[0], rid, pace)
+                self._stream(path, body, answers[0], rid, pace, complete)
             else:
                 pace.run(max(a.completion_tokens for a in answers))
+                complete()
                 self.send_json(200, self._full_body(path, body, answers, rid, started))
-            served = True
         finally:
-            pace.close(served)
-        return 200, answers
+            pace.close()
+        return 200
 
     def _pace(self, prompt_tokens: int, body: Json, started: float) -> Pace:
         target, room = bootstrap_target(body), bootstrap_room(body)
@@ -835,13 +836,21 @@ class WorkerHandler(BaseHandler):
 
     # ---- streaming (SSE over chunked transfer encoding)
 
-    def _stream(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> None:
+    def _stream(
+        self,
+        path: str,
+        body: Json,
+        answer: Answer,
+        rid: str,
+        pace: Pace,
+        complete: Callable[[], None],
+    ) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in self._events(path, body, answer, rid, pace):
+        for event in self._events(path, body, answer, rid, pace, complete):
             self._write_chunk(f"data: {event}\n\n".encode())
         self._write_chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
@@ -851,7 +860,15 @@ class WorkerHandler(BaseHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _events(self, path: str, body: Json, answer: Answer, rid: str, pace: Pace) -> Iterator[str]:
+    def _events(
+        self,
+        path: str,
+        body: Json,
+        answer: Answer,
+        rid: str,
+        pace: Pace,
+        complete: Callable[[], None],
+    ) -> Iterator[str]:
         ctx = StreamContext(
             rid=rid,
             model=request_model(self.cfg, body),
@@ -859,6 +876,7 @@ class WorkerHandler(BaseHandler):
             started=pace.started,
             pace=pace,
             include_usage=wants_usage_chunk(body),
+            complete=complete,
         )
         deltas = pieces(answer.text)
         if path == "/generate":
@@ -877,6 +895,7 @@ class StreamContext:
     started: float
     pace: Pace
     include_usage: bool
+    complete: Callable[[], None]  # counts the answer: before its finishing event goes out
 
     def chunk(self, choice: Json) -> str:
         """One OpenAI stream event carrying ``choice``."""
@@ -916,6 +935,7 @@ def openai_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> Iter
         ctx.pace.token(index)
         yield ctx.delta(delta)
     ctx.pace.token(0)  # an empty answer still waits for its prefill
+    ctx.complete()
     yield ctx.delta("", answer.finish)
     if ctx.include_usage:
         yield ctx.usage_chunk(answer)
@@ -929,6 +949,7 @@ def generate_events(ctx: StreamContext, answer: Answer, deltas: list[str]) -> It
         text += delta
         yield json.dumps(generate_item(answer, ctx.rid, text, False, ctx.started))
     ctx.pace.token(0)  # an empty answer still waits for its prefill
+    ctx.complete()
     yield json.dumps(generate_item(answer, ctx.rid, answer.text, True, ctx.started))
 
 

@@ -144,7 +144,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
             request.kv_transfer_params_json if request.HasField("kv_transfer_params_json") else None
         )
         plan: Plan | None = None
-        served, sent = False, 0
+        sent = 0
         try:
             try:
                 plan = self.engine.plan(rid, list(request.tokenized.input_ids), limit, kv_json)
@@ -167,6 +167,9 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
                     yield pb.GenerateResponse(chunk=chunk)
             plan.pace.token(0)  # an empty answer still waits for its prompt's turn
             plan.on_done()
+            # Counted before the final frame goes out (see Runtime.record).
+            plan.pace.finish()
+            self.engine.record(plan.prompt_tokens, sent)
             complete = pb.GenerateComplete(
                 output_ids=[] if request.stream else ids,  # a stream's ids went in its chunks
                 finish_reason=finish,
@@ -176,13 +179,12 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
             if plan.kv_params is not None:
                 complete.kv_transfer_params_json = json.dumps(plan.kv_params)
             yield pb.GenerateResponse(complete=complete)
-            served = True
             log(f"Generate {rid}: {self.cfg.role} {finish} {sent} token(s) stream={request.stream}")
         finally:
             if plan is not None:
-                plan.pace.close(served)
+                plan.pace.close()
             self.engine.aborted.discard(rid)
-            self.engine.end(plan.prompt_tokens if plan else 0, sent)
+            self.engine.end()
 
 
 def _abort(context: Any, code: str, message: str) -> NoReturn:
