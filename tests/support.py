@@ -10,9 +10,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,24 @@ from pdctl.lab import hub, worker_tree
 from pdctl.plan import Plan, listeners
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
+
+
+def wait_for(
+    condition: Callable[[], object],
+    timeout: float = 60.0,
+    step: float = 0.1,
+    what: str = "the condition",
+) -> None:
+    """Poll ``condition`` until it is true, for at most ``timeout`` seconds.
+
+    What a background activity produces (a metric, a log line, a unit state, a registration, a
+    count) is waited for this way, never read once: on a loaded machine it lands late. A
+    timeout generous enough for a loaded CI machine costs nothing when the condition holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not met within {timeout:g} s")
+        time.sleep(step)
 
 
 def worker_tree_dir(engine: worker_tree.Engine) -> Path:

@@ -18,8 +18,7 @@ from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
 from pdctl.lab.worker.vllm import tokenizer
-from tests.integration.test_worker_with_smg import wait_for
-from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
+from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab, wait_for
 
 PROVIDER_WARNING = "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'"
 

@@ -33,9 +33,8 @@ from tests.integration.test_worker_with_smg import (
     request,
     sse_events,
     stop,
-    wait_for,
 )
-from tests.support import worker_tree_dir
+from tests.support import wait_for, worker_tree_dir
 
 pytestmark = pytest.mark.skipif(SMG is None, reason="smg not found (pip install smg==1.13.0)")
 

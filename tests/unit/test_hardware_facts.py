@@ -298,7 +298,7 @@ def test_run_command_missing_unexecutable_and_timeout(tmp_path: Path) -> None:
     slow.chmod(0o755)
     started = time.monotonic()
     result = hw.run_command([str(slow)], timeout=0.5)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # killed at its timeout, long before its 30 s sleep
     assert (result["rc"], result["stdout"]) == (124, "started\n")
     assert result["stderr"].startswith(f"{slow}: timed out after 0.5 s")
 
@@ -311,7 +311,7 @@ def test_collect_on_this_machine_without_any_tool(
     monkeypatch.setenv("PATH", str(empty))
     started = time.monotonic()
     raw = collect(PROVIDER, ["/nonexistent-storage", str(tmp_path)], [])
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # no tool waited for: each would take its 20 s timeout
     commands = raw["commands"]
     assert list(commands) == [
         "ibv_devices",
@@ -428,7 +428,7 @@ def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
 def test_fakes_healthy_host_end_to_end(fake_host: FakeHost) -> None:
     started = time.monotonic()
     raw = fake_host.collect()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # no tool waited for: each would take its 20 s timeout
     assert "rocm_smi" not in raw["commands"]  # amd-smi answered
     assert raw["commands"]["ibv_devinfo"]["argv"] == ["ibv_devinfo", "-v"]
     assert (raw["kfd"], raw["systemd"], len(raw["render_nodes"])) == (True, True, 8)

@@ -223,7 +223,9 @@ def test_the_rate_cap_is_shared_by_all_downloads(served: tuple[str, Path]) -> No
         bodies = list(pool.map(lambda name: _get(url, name), names))
     took = time.monotonic() - started
     total = sum(len(b) for b in bodies)
-    assert total / rate * 0.9 <= took <= total / rate * 3, took  # 2 MiB at 4 MiB/s: ~0.5 s
+    # 2 MiB at 4 MiB/s: ~0.5 s. Two caps of 4 MiB/s each would take half that: the lower
+    # bound is the check; the upper one only allows for a loaded machine.
+    assert total / rate * 0.9 <= took <= total / rate * 10, took
     hub.write_settings(root, rate=None, token=None)
 
 

@@ -20,8 +20,8 @@ from huggingface_hub import snapshot_download
 
 from pdctl.lab import hub, hub_models
 from pdctl.lab.worker import model_cache
-from tests.support import lab_hub_on_loopback
-from tests.unit.test_lab_worker import WORKER_DIR, Launcher, health, wait_for
+from tests.support import lab_hub_on_loopback, wait_for
+from tests.unit.test_lab_worker import WORKER_DIR, Launcher, health
 
 REPO = "lab/load-me"
 SHARD = 1 << 20
@@ -89,13 +89,14 @@ def test_a_complete_model_loads_in_time_proportional_to_its_size(home: Path) -> 
     assert refused is None, refused
     total = sum(p.stat().st_size for p in (_folder(home) / "blobs").iterdir())
     assert total > 3 * SHARD
-    assert total / rate <= took <= total / rate + 1.0  # ~0.4 s at 8 MiB/s
+    # ~0.4 s at 8 MiB/s; the slack is for a loaded machine, far below an unthrottled 1 B/s
+    assert total / rate <= took <= total / rate + 5.0
     assert log.lines[-1][0] == "INFO" and f"Load weight end. {total} bytes" in log.lines[-1][1]
     # The environment's rate wins over the state file's; 0 takes no time.
     started = time.monotonic()
     env = {"HF_HOME": str(home), "PDFAKE_LOAD_BYTES_PER_S": "0"}
     assert model_cache.load_model(REPO, None, env, {"load_bytes_per_s": 1}, log) is None
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10.0  # the state file's 1 B/s would take days
 
 
 def test_revisions_and_local_paths(home: Path) -> None:

@@ -16,14 +16,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import worker_tree_dir
+from tests.support import wait_for, worker_tree_dir
 
 WORKER_DIR = worker_tree_dir("sglang") / "site"  # the image's layout (worker_tree.py)
 PROVIDER_NAME = "libbnxt_re-rdmav34.so"
@@ -71,15 +71,6 @@ def request(
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def health(port: int) -> int | None:

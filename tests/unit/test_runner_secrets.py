@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import pytest
 from pdctl.errors import EnvironmentProblem
 from pdctl.exec_with_secrets import parse_secrets
 from pdctl.runner import STRATEGY_VARIABLE, RunSummary, child_env, run_playbook
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = ROOT / "tests" / "data" / "playbooks"
@@ -40,14 +41,6 @@ run_playbook(
     secrets={{"{SECRET_NAME}": os.environ["{SECRET_NAME}"]}}, playbooks=Path(sys.argv[3]),
 )
 """
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def files_holding(value: str, top: Path) -> list[Path]:
@@ -128,7 +121,7 @@ def test_a_secret_reaches_ansible_playbook_through_no_file_argv_or_output(
     seen_mid_run: dict[str, object] = {}
 
     def inspect_then_release() -> None:
-        wait_for(probe.out.exists, "the probe's first task")
+        wait_for(probe.out.exists, 120, what="the probe's first task")
         artifacts = list(probe.runs.glob("*/artifacts/*/command"))
         seen_mid_run["command"] = json.loads(artifacts[0].read_text()) if artifacts else None
         seen_mid_run["files"] = files_holding(probe.secret, probe.runs)
@@ -170,7 +163,11 @@ def test_a_killed_run_leaves_no_secret_and_the_next_run_removes_its_dir(probe: P
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for(lambda: probe.out.exists() or child.poll() is not None, "the probe's first task")
+        wait_for(
+            lambda: probe.out.exists() or child.poll() is not None,
+            120,
+            what="the probe's first task",
+        )
         assert child.poll() is None, child.stderr.read() if child.stderr else ""
         time.sleep(1)  # into the next task: a write to the closed pty would end it by itself
         child.send_signal(signal.SIGKILL)
@@ -180,7 +177,7 @@ def test_a_killed_run_leaves_no_secret_and_the_next_run_removes_its_dir(probe: P
             child.kill()
     (dead,) = probe.runs.glob(f"{child.pid}-*")  # no `finally` ran: the dir is still there
     # Its ansible-playbook stops with it, long before the task it runs would end (60 s).
-    wait_for(lambda: not probe.ansible_pids(), "the killed run's ansible-playbook to stop", 20)
+    wait_for(lambda: not probe.ansible_pids(), 20, what="the killed run's ansible-playbook to stop")
     assert probe.received()[0] == f"secret={probe.secret}"
     assert files_holding(probe.secret, probe.tmp) == [probe.out]
 
