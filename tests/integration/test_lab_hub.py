@@ -84,7 +84,8 @@ def test_added_models_are_served_at_once_within_the_rate_caps(lab1: Lab) -> None
     time.sleep(0.6)  # the hub re-reads its settings every half second
     capped = fetch(lab1, "lab/capped")
     seconds = capped["seconds"]
-    assert isinstance(seconds, float) and 1.8 <= seconds <= 5, seconds  # ~2 MiB at 1 MiB/s
+    # ~2 MiB at 1 MiB/s; above, only room for a loaded machine
+    assert isinstance(seconds, float) and 1.8 <= seconds <= 15, seconds
     assert lab1.status()["hub"]["rate"] == 1 << 20
     pdctl(lab1.home, "lab", "hub", "limit", "none")
     # The host's own link, capped both ways by tbf on its veth.
@@ -93,10 +94,10 @@ def test_added_models_are_served_at_once_within_the_rate_caps(lab1: Lab) -> None
     assert doc["link_rate"] == 1 << 20 and doc["hub"]["rate"] is None
     assert "tbf" in lab1.ssh("node1", "tc qdisc show dev eth0", user="root").stdout
     slow = fetch(lab1, "lab/capped")["seconds"]
-    assert isinstance(slow, float) and 1.5 <= slow <= 5, slow
+    assert isinstance(slow, float) and 1.5 <= slow <= 15, slow
     pdctl(lab1.home, "lab", "link-rate", "none")
     fast = fetch(lab1, "lab/capped")["seconds"]
-    assert isinstance(fast, float) and fast < 1.0, fast
+    assert isinstance(fast, float) and fast < slow / 2, (fast, slow)  # 2 MiB uncapped: ~0.1 s
     assert lab1.status()["hub"]["downloads"]["lab/capped/model.safetensors"] == 3
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, pdctl, require_lab, start_lab
+from tests.support import Lab, pdctl, require_lab, start_lab, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -196,9 +196,13 @@ def test_the_cache_is_root_only_and_read_only_offline_in_the_workers(deployed: D
     assert "Read-only file system" in touched
     # The stand-in loaded the weights from the cache, as an engine would (else it refuses).
     unit = f"pd-{SERVICE}-decode@{replica['slot']}.service"
-    journal = deployed.root(node, f"journalctl -u {unit} -o cat --no-pager")
-    assert f"Loading weights of {REPO} from /root/.cache/huggingface/hub/" in journal, journal
-    assert "Load weight end." in journal
+
+    def journal() -> str:
+        return deployed.root(node, f"journalctl -u {unit} -o cat --no-pager")
+
+    # journald takes the container's lines through conmon: they may land after the health check
+    wait_for(lambda: "Load weight end." in journal(), 30, 1, what=f"{unit} logging its load")
+    assert f"Loading weights of {REPO} from /root/.cache/huggingface/hub/" in journal()
     # The token reached the hub (it requires it) and no host's journal or process list.
     for gpu in deployed.lab.gpu_hosts():
         pattern = f"[{deployed.token[0]}]{deployed.token[1:]}"  # matches it, not itself

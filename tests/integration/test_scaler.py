@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, lab_fleet, pdctl
+from tests.support import Lab, lab_fleet, pdctl, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -251,9 +251,14 @@ def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
     for role in ("prefill", "decode"):
         assert doc["groups"][role]["desired"] is not None
         assert doc["groups"][role]["last_decision"]["reason"]
-    journal = deployed.root("node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager")
-    assert "decision decode: signal=rps value=" in journal and "target=2.00 rps=" in journal
-    assert "desired=" in journal and "reason=" in journal
+
+    def journal() -> str:
+        return deployed.root("node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager")
+
+    wait_for(lambda: "decision decode: signal=rps value=" in journal(), 60, 1, what="a decision")
+    journal_text = journal()
+    assert "target=2.00 rps=" in journal_text
+    assert "desired=" in journal_text and "reason=" in journal_text
     # a scaler systemd just restarted (the test before kills it) knows no rate until its
     # window holds two scrapes: the signal's value is absent until then, not zero
     signal = 'pdctl_scaler_signal_value{group="decode",signal="rps"}'

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import LAB_SCALING, Lab, pdctl, require_lab, start_lab
+from tests.support import LAB_SCALING, Lab, pdctl, require_lab, start_lab, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "pdlat"
@@ -160,8 +160,11 @@ def test_each_phase_scales_on_its_own_latency(deployed: Deployed) -> None:
     decision = doc["groups"]["decode"]["last_decision"]
     assert decision["signal"] == "itl" and decision["target"] == pytest.approx(0.06)
     assert answers.ok > 0
-    journal = deployed.lab.ssh(
-        "node1", f"journalctl -u pd-{SERVICE}-scaler --no-pager", user="root"
-    ).stdout
-    assert "decision prefill: signal=ttft value=" in journal and "target=400ms" in journal
-    assert "decision decode: signal=itl value=" in journal and "target=60ms" in journal
+
+    def journal() -> str:
+        command = f"journalctl -u pd-{SERVICE}-scaler --no-pager"
+        return deployed.lab.ssh("node1", command, user="root").stdout
+
+    wanted = ("decision prefill: signal=ttft value=", "decision decode: signal=itl value=")
+    wait_for(lambda: all(w in journal() for w in wanted), 30, 1, what="the decisions' log lines")
+    assert "target=400ms" in journal() and "target=60ms" in journal()
