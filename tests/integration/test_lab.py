@@ -302,8 +302,9 @@ def test_up_recovers_from_a_killed_lab(tmp_path: Path) -> None:
     pid = json.loads((tmp_path / ".pdctl/lab/lab.json").read_text())["hosts"][0]["nspawn_pid"]
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     subprocess.run(["kill", "-9", *children, str(pid)], check=True)
-    stopped = lambda: lab.status()["hosts"][0]["state"] == "stopped"  # noqa: E731 - one probe
-    wait_for(stopped, 30, 0.5, what="the killed host seen stopped")
+    wait_for(
+        lambda: lab.status()["hosts"][0]["state"] == "stopped", 30, 0.5, what="the host stopped"
+    )
     doc = pdctl_json(tmp_path, "lab", "up", "--hosts", "1")
     assert doc["hosts"][0]["state"] == "running"
     assert lab.ssh("node1", "echo alive").stdout.strip() == "alive"
