@@ -64,9 +64,9 @@ def from_hub(
             masker.text(f"{what}: the hub {endpoint}: {model_fetch._reason(exc)}"),
             hint="check the model id, its revision and HF_TOKEN (a gated or private model)",
         ) from None
-    except ValueError as exc:
+    except ValueError as exc:  # a list pdctl refuses, or a request it could not make
         raise HostError(
-            masker.text(f"{what}: the hub {endpoint} sent a file list pdctl refuses: {exc}"),
+            masker.text(f"{what}: the hub {endpoint}: {exc}"),
             hint="check the fleet's model_endpoint (pdctl fleet show): is it a Hugging Face hub?",
         ) from None
     except (OSError, http.client.HTTPException):

@@ -301,6 +301,12 @@ def prefetch(
     runs, trusted = _fill(opener, hosts, list(hosts), request, progress, masker, trusted)
     failed = [r for r in runs if r.state != "ready"]
     suspects = {r.source for r in failed if r.fault and r.source in hosts}
+    for run in failed:
+        if run.fault and run.source in hosts:
+            progress(
+                f"model on {run.name}: {run.source} sent what is not the listed file "
+                f"({run.error}): {run.source} is no source again"
+            )
     ready = [r for r in runs if r.state == "ready" and r.name not in suspects]
     if failed and (ready or suspects):
         cut_off = [r for r in failed if r.cut_off]

@@ -80,6 +80,18 @@ def test_the_plan_images_are_the_groups_per_slot_host_and_digests_are_left_to_pu
     assert not image_prefetch.fanned_out(f"{OTHER}@sha256:{'b' * 64}")
 
 
+def test_the_plan_pins_the_image_ids_the_spec_names_per_image(tmp_path: Path) -> None:
+    assert image_prefetch.plan_pins(plan_of(LAB, tmp_path)) == {}
+    pinned = LAB.replace("pdctl:\n", f"pdctl:\n  image_id: sha256:{ID}\n", 1)
+    assert image_prefetch.plan_pins(plan_of(pinned, tmp_path)) == {IMAGE: ID}
+    own = pinned.replace(
+        "    resources:\n      gpu: MI300X:4\n\nport",
+        f"    image: {OTHER}\n    resources:\n      gpu: MI300X:4\n"
+        f"    pdctl:\n      image_id: {'c' * 64}\n\nport",
+    )
+    assert image_prefetch.plan_pins(plan_of(own, tmp_path)) == {IMAGE: ID, OTHER: "c" * 64}
+
+
 @pytest.mark.parametrize(
     "ref",
     ["-oProxyCommand=x", "--output=/etc/passwd", "a b", "a;rm -rf /", "a\nb", "", "$(id)", 7],
@@ -394,6 +406,7 @@ def test_no_holder_and_no_registry_names_the_first_host_the_cause_and_the_fix(
     with pytest.raises(HostError) as raised:
         fan_out(tmp_path, ["h1", "h2"])
     message = raised.value.one_line()
-    assert f"h1: {IMAGE} from registry: podman pull exited 125: Error: initializing source" in message
+    cause = "podman pull exited 125: Error: initializing source"
+    assert f"h1: {IMAGE} from registry: {cause}" in message
     assert "h2: " in message and "no source: h1 could not take it from the registry" in message
     assert "set pdctl.image_archive" in message
