@@ -643,3 +643,35 @@ def test_a_peer_request_carries_no_key_and_cannot_be_replayed(tmp_path: Path) ->
         host.send({"stop": True})
         host.close()
         host.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- the hosts' Python
+PY39 = sorted((Path.home() / ".pyenv" / "versions").glob("3.9*/bin/python3"))
+
+
+@pytest.mark.skipif(not PY39, reason="no Python 3.9 on this machine")
+def test_the_host_script_runs_on_python_3_9(
+    served: Hub, caches: dict[str, Path], tmp_path: Path
+) -> None:
+    """The hosts may have Python 3.9 (RHEL 9): the shipped modules, signed requests, masks and
+    archive checks included, run there."""
+    python = str(PY39[0])
+    hosts = {n: (lambda c=c: LocalChannel(c, python)) for n, c in list(caches.items())[:2]}
+    doc, _ = model_fan_out(hosts, request(served))
+    assert {h["state"] for h in doc["hosts"].values()} == {"ready"}
+    give(tmp_path / "i1")
+    started: list[StandInHost] = []
+
+    def open_channel(host: str) -> prefetch.Channel:
+        started.append(StandInHost(tmp_path / host, python=python))
+        return started[-1]
+
+    try:
+        images = image_prefetch.spread(
+            open_channel, {"i1": "127.0.0.1", "i2": "127.0.0.1"}, {IMAGE: ["i1", "i2"]}, print
+        )
+    finally:
+        for host in started:
+            assert host.proc.wait(timeout=30) == 0, host.proc.stderr.read()  # type: ignore[union-attr]
+    assert images[IMAGE]["hosts"]["i2"]["state"] == "ready"
+    assert stand_in.Store(tmp_path / "i2" / "store").find(IMAGE) == ID

@@ -283,7 +283,9 @@ class StandInHost(prefetch.Channel):
     """A host whose runtime (``podman``, or ``docker``) is the stand-in; ``knobs``: what a
     compromised host's runtime does instead (runtime_stand_in's environment)."""
 
-    def __init__(self, root: Path, runtime: str = "podman", **knobs: str) -> None:
+    def __init__(
+        self, root: Path, runtime: str = "podman", python: str = sys.executable, **knobs: str
+    ) -> None:
         self.root = root
         binary = root / "bin"
         binary.mkdir(parents=True, exist_ok=True)
@@ -299,7 +301,7 @@ class StandInHost(prefetch.Channel):
             **knobs,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", prefetch._LOADER],
+            [python, "-c", prefetch._LOADER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -117,10 +117,10 @@ class LocalChannel(prefetch.Channel):
     """A "host": python3 started with pdctl's loader, as over SSH, with its own cache
     directory (on a fleet every host has the same path; here they share one machine)."""
 
-    def __init__(self, cache: Path) -> None:
+    def __init__(self, cache: Path, python: str = sys.executable) -> None:
         self.cache = cache
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", prefetch._LOADER],
+            [python, "-c", prefetch._LOADER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
