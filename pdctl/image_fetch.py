@@ -276,9 +276,9 @@ def _take_from_peer(
 
 
 def _names_now(runtime: str, ref: str) -> dict[str, str | None]:
-    """The image ID under each name a take of ``ref`` may move (None: no image)."""
-    names = {ref, *ref_names(ref)}
-    return {name: (inspect_image(runtime, name) or {}).get("id") for name in sorted(names)}
+    """The image ID under each name a take of ``ref`` may move (None: no image): the names in
+    full (a short name given to ``tag`` would make one more)."""
+    return {name: (inspect_image(runtime, name) or {}).get("id") for name in sorted(ref_names(ref))}
 
 
 def _put_back(runtime: str, before: dict[str, str | None]) -> str:
