@@ -283,8 +283,8 @@ def prefetch(
 
     A host that fails mid-chain cuts off the hosts after it; they take the model again, from a
     host that has it now, in a second chain that puts the hosts that failed by themselves
-    last: so one bad host fails only itself. A host that sent another's bytes that are not the
-    listed file's heads no second chain."""
+    last: so one bad host fails only itself. A host that sent bytes that are not the listed
+    file's is no source in the second chain (its hosts take the model from the hub)."""
     started = time.monotonic()
     masker = Masker([*request.secrets, request.token])
     opener = masked(open_channel, masker)
@@ -341,7 +341,7 @@ def prefetch(
 def _failure(run: HostRun) -> str:
     """One host's failure, with the host it took the model from when that host is to blame."""
     if run.fault:
-        return f"{run.name}: {run.error} (sent by {run.source}, which is not the listed file)"
+        return f"{run.name}: {run.error}, in what {run.source} sent"
     return f"{run.name}: {run.error}"
 
 
