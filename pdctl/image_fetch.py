@@ -3,15 +3,17 @@ serve the ones it holds to peers. The image part of the prefetch (pdctl/image_pr
 
 Runs on the hosts like pdctl/model_fetch.py, shipped in the same script after it
 (pdctl/prefetch.py), on the same transport: model_fetch's ``Peer`` (the fleet's addresses only,
-the one-time secret, for the prefetch's duration) and its JSON lines on stdin/stdout
-(``{"op": "images", ...}``). So: standard library only, no pdctl imports but model_fetch's,
-Python 3.9 syntax, and no top-level name that hf_layout or model_fetch already uses (one
-namespace on the host).
+signed requests, for the prefetch's duration) and its JSON lines on stdin/stdout
+(``{"op": "images", ...}``). So: standard library only, no pdctl imports but the shipped
+modules', Python 3.9 syntax, and no top-level name another shipped module uses (one namespace
+on the host).
 
-Images move as ``RUNTIME save REF | RUNTIME load`` (docs/facts.md, "Container images: save and
-load"): the holder streams the archive of exactly the image asked for over HTTP (chunked: a cut
-stream is seen as one), the taker pipes it into its runtime's ``load``, then compares what it
-loaded with what the holder had. Image references reach a runtime as argv elements only.
+Images move as ``RUNTIME save REF``, then ``RUNTIME load`` (docs/facts.md, "Container images:
+save and load"): the holder streams the archive of exactly the image asked for over HTTP
+(chunked: a cut stream is seen as one); the taker spools it to a root-only file no larger than
+the image, reads it (pdctl/image_archive.py: one image, named only REF, whose config has the
+digest pdctl expects: never what the holder says) and only then loads it; the names a take
+could move are put back when it fails. Image references reach a runtime as argv elements only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,29 +30,33 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
+from pdctl.image_archive import (  # shipped: pdctl/prefetch.py puts its source before this
+    check_image_ref,
+    inspect_archive,
+    ref_names,
+)
 from pdctl.model_fetch import (  # shipped: pdctl/prefetch.py puts model_fetch's source first
     CHUNK,
     PROGRESS_EVERY,
     Peer,
-    _open,
     _reason,
     main,
+    open_peer,
 )
+from pdctl.secret_mask import Masker  # shipped: pdctl/prefetch.py puts its source first
 
 RUNTIMES = ("podman", "docker")
-# pdctl checks every reference against the OCI grammar (pdctl/validate.py) before it sends it;
-# this guard only makes sure an argv element can never read as an option or hold a space.
-_IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@\[\]-]{0,511}\Z")
 _IMAGE_ID = re.compile(r"^(?:sha256:)?([0-9a-f]{64})\Z")
 HEARTBEAT = 2.0  # seconds between two progress lines while a pull or a load runs
-
-
-def check_image_ref(ref: Any) -> str:
-    if not isinstance(ref, str) or not _IMAGE_REF.match(ref):
-        raise ValueError(f"{ref!r} is not an image reference")
-    return ref
+# The archive a peer may send: the image's size as pdctl knows it, plus room for the tar's
+# headers and the image's metadata (a larger stream is cut off, not spooled on).
+SPOOL_SLACK = 64 << 20
+# Where podman's own load from stdin would spool it (docs/facts.md); the spool is a fresh
+# mkdtemp directory in it (0700, unique), so a shared /var/tmp is fine.
+SPOOL_DIR = "/var/tmp"  # noqa: S108
 
 
 def image_id_hex(value: Any) -> str:
@@ -111,14 +118,15 @@ def inspect_image(runtime: str, ref: str) -> dict[str, Any] | None:
     }
 
 
-def same_image(expect: dict[str, Any], got: dict[str, Any], runtimes: set[str]) -> bool:
-    """Whether a loaded image is the one its holder had: the same ID (podman's and the classic
-    docker store's: the digest of the image's config, which a docker-archive keeps). Under
-    docker's containerd store the ID is a manifest digest that ``save`` may rewrite, so with
-    docker at either end the layers' diff IDs (the content, from the config) are compared."""
-    if expect["id"] == got["id"]:
+def same_image(expected: str, got: dict[str, Any], runtime: str, diff_ids: Any = None) -> bool:
+    """Whether the image a take left under its name is the expected one (an image ID as pdctl
+    knows it from a trusted source, never from the host that gave it): the same ID, which for
+    podman and docker's classic store is the digest of the image's config. docker's containerd
+    store names an image by a manifest digest instead; there the loaded layers must be those of
+    the archive this host read before loading it (its config had the expected digest)."""
+    if got["id"] == expected:
         return True
-    return "docker" in runtimes and bool(got["layers"]) and expect["layers"] == got["layers"]
+    return runtime == "docker" and bool(diff_ids) and got["layers"] == diff_ids
 
 
 def save_argv(runtime: str, ref: str) -> list[str]:
@@ -231,37 +239,63 @@ def _run_quietly(argv: list[str], taking: _Taking) -> None:
             raise RuntimeError(f"{' '.join(argv[:2])} exited {status}: {_tail(errors)}")
 
 
-def _load_from_peer(runtime: str, url: str, secret: str, taking: _Taking) -> None:
-    """GET the holder's archive and pipe it into ``RUNTIME load`` as it arrives."""
-    with tempfile.TemporaryFile() as errors:
-        load = subprocess.Popen(
-            load_argv(runtime), stdin=subprocess.PIPE, stdout=errors, stderr=errors
-        )
-        assert load.stdin is not None
-        try:
-            with _open(url, {"Authorization": f"Bearer {secret}"}, timeout=300.0) as response:
+def _spool_dir() -> str:
+    return os.environ.get("TMPDIR") or SPOOL_DIR
+
+
+def _take_from_peer(
+    runtime: str, ref: str, url: str, key: str, expected: str, taking: _Taking
+) -> list[str]:
+    """GET the holder's archive into a root-only file no larger than the image, read it
+    (pdctl/image_archive.py), then load it: the layers' diff IDs of what was loaded."""
+    cap = taking.total + taking.total // 4 + SPOOL_SLACK
+    folder = tempfile.mkdtemp(prefix="pdctl-image-", dir=_spool_dir())  # 0700, root's
+    path = Path(folder, "image.tar")
+    try:
+        with open_peer(url, key) as response:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as out:
                 for chunk in iter(lambda: response.read(CHUNK), b""):
-                    load.stdin.write(chunk)
                     taking.bytes += len(chunk)
+                    if taking.bytes > cap:
+                        raise RuntimeError(
+                            f"the holder sent more than the image's size ({cap} bytes): refused"
+                        )
+                    out.write(chunk)
                     taking.say()
-            load.stdin.close()
-        except BrokenPipeError:
-            load.wait()
-            raise RuntimeError(f"{runtime} load stopped: {_tail(errors)}") from None
-        except http.client.HTTPException:
-            load.kill()
-            load.wait()
-            raise RuntimeError(
-                f"the holder's stream broke off after {taking.bytes} bytes "
-                "(its save failed, or it went away)"
-            ) from None
-        except BaseException:
-            load.kill()
-            load.wait()
-            raise
-        status = _wait(load, taking)
-        if status != 0:
-            raise RuntimeError(f"{runtime} load exited {status}: {_tail(errors)}")
+        diff_ids = inspect_archive(str(path), ref, expected, runtime)
+        _run_quietly(load_argv(runtime, str(path)), taking)
+        return diff_ids
+    except http.client.HTTPException:
+        raise RuntimeError(
+            f"the holder's stream broke off after {taking.bytes} bytes "
+            "(its save failed, or it went away)"
+        ) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _names_now(runtime: str, ref: str) -> dict[str, str | None]:
+    """The image ID under each name a take of ``ref`` may move (None: no image): the names in
+    full (a short name given to ``tag`` would make one more)."""
+    return {name: (inspect_image(runtime, name) or {}).get("id") for name in sorted(ref_names(ref))}
+
+
+def _put_back(runtime: str, before: dict[str, str | None]) -> str:
+    """Give each name the image it named before a failed take (or none): what could not be."""
+    stuck = []
+    for name, old in before.items():
+        try:
+            if (inspect_image(runtime, name) or {}).get("id") == old:
+                continue
+        except (OSError, ValueError, RuntimeError):
+            pass
+        argv = [runtime, "tag", old, name] if old else [runtime, "rmi", name]
+        done = subprocess.run(argv, capture_output=True, check=False)
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace").strip().splitlines()
+            stuck.append(f"{' '.join(argv)}: {message[-1] if message else done.returncode}")
+    return "; ".join(stuck)
 
 
 def check_take(order: Any, refs: list[str]) -> tuple[str, dict[str, Any]]:
@@ -277,8 +311,15 @@ def check_take(order: Any, refs: list[str]) -> tuple[str, dict[str, Any]]:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or parts.path or parts.query:
             raise ValueError(f"{url!r} is not a peer's URL")
-        image_id_hex((source.get("expect") or {}).get("id"))
-        return ref, {**source, "url": url}
+        expect = source.get("expect") if isinstance(source.get("expect"), dict) else {}
+        size = expect.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"{size!r} is not an image size")
+        return ref, {
+            **source,
+            "url": url,
+            "expect": {"id": image_id_hex(expect.get("id")), "size": size},
+        }
     if kind == "archive":
         path = source.get("path")
         if not isinstance(path, str) or not path.startswith("/") or "/../" in path + "/":
@@ -298,13 +339,14 @@ class ImageSession:
         self.refs = [check_image_ref(r) for r in request["images"]]
         self.runtime = pick_runtime(str(request.get("runtime") or "auto"))
         self.secret = str(request["secret"])
+        self.masker = Masker([self.secret])
         self.server = ImageServer(
             self.runtime, self.refs, request["bind"], request["allow"], self.secret
         )
 
     def emit(self, doc: dict[str, Any]) -> None:
         with self._out_lock:
-            self.out.write(json.dumps(doc) + "\n")
+            self.out.write(json.dumps(self.masker.doc(doc)) + "\n")
             self.out.flush()
 
     def hello(self) -> None:
@@ -318,14 +360,20 @@ class ImageSession:
 
     def take(self, order: dict[str, Any]) -> None:
         """Take one image (``{"take": REF, "source": ...}``): ``took`` with what was loaded,
-        or ``failed`` with the cause; the session goes on either way."""
+        or ``failed`` with the cause, the names it could have moved put back; the session
+        goes on either way. ``source.expect.id`` is the image pdctl expects (from a trusted
+        source): a peer's archive is checked against it before it is loaded."""
         ref, source = check_take(order, self.refs)
-        expect: dict[str, Any] = source.get("expect") or {}  # what the holder has (a peer's)
+        expect: dict[str, Any] = source.get("expect") or {}
+        expected = image_id_hex(expect["id"]) if expect.get("id") else None
         taking = _Taking(ref, int(expect.get("size") or 0), self.emit)
+        before: dict[str, str | None] | None = None
         try:
-            if source["kind"] == "peer":
-                url = f"{source['url']}/images/{image_id_hex(expect['id'])}"
-                _load_from_peer(self.runtime, url, self.secret, taking)
+            before = _names_now(self.runtime, ref)
+            diff_ids = None
+            if source["kind"] == "peer" and expected:
+                url = f"{source['url']}/images/{expected}"
+                diff_ids = _take_from_peer(self.runtime, ref, url, self.secret, expected, taking)
             elif source["kind"] == "archive":
                 _run_quietly(load_argv(self.runtime, source["path"]), taking)
             else:
@@ -333,14 +381,17 @@ class ImageSession:
             got = inspect_image(self.runtime, ref)
             if got is None:
                 raise RuntimeError(f"the {source['kind']} did not hold {ref}")
-            runtimes = {self.runtime, str(source.get("runtime") or self.runtime)}
-            if expect and not same_image(expect, got, runtimes):
+            if expected and not same_image(expected, got, self.runtime, diff_ids):
                 raise RuntimeError(
-                    f"loaded another image than the source holds: ID {got['id'][:12]}, "
-                    f"the source's {str(expect['id'])[:12]}"
+                    f"loaded another image than expected: ID {got['id'][:12]}, "
+                    f"expected {expected[:12]}"
                 )
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            self.emit({"event": "failed", "image": ref, "message": _reason(exc)})
+            message = _reason(exc)
+            stuck = _put_back(self.runtime, before) if before is not None else ""
+            if stuck:
+                message += f" (and the names it may have moved could not be put back: {stuck})"
+            self.emit({"event": "failed", "image": ref, "message": message})
             return
         taking.say(force=True)
         self.server.hold(ref, got)

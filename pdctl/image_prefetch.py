@@ -2,14 +2,18 @@
 spread inside the fleet.
 
 Every host with a slot runs pdctl/image_fetch.py (shipped in the prefetch script, as root, the
-secret on stdin) and says which of the plan's images its runtime holds (the runtime as
-pd_runtime picks it: pdctl.runtime, auto = podman when present, else docker). For each image,
-the hosts that hold it are its sources; when none does, one host takes it the usual way (pulls
-it from its registry, or loads it from pdctl.image_archive when the plan sets one). Then the
-hosts that lack it take it from one that has it (``save`` streamed into ``load``), as a tree:
-each round every holder serves one more host, so the holders double each round and no one
-host serves them all. A host that takes an image checks that it got the holder's image (its
-ID) and serves it from then on. pd_runtime then finds nothing missing.
+one-time key on stdin) and says which of the plan's images its runtime holds (the runtime as
+pd_runtime picks it: pdctl.runtime, auto = podman when present, else docker).
+
+Which image a name must be comes from a trusted source, never from the host that gives it:
+the operator's pin (pdctl.image_id), else the image the one host pdctl picks takes the usual
+way (a pull from its registry, or pdctl.image_archive), else (hosts already hold it, no pin)
+the image every holder holds: holders that disagree stop the image, named. The hosts that hold
+the expected image are its sources; the hosts that lack it take it from one of them
+(``save``, spooled, read, then ``load``), as a tree: each round every holder serves one more
+host, so the holders double each round and no one host serves them all. A taker checks the
+archive against the expected ID before it loads it, and serves the image from then on.
+pd_runtime then finds nothing missing.
 
 Images pinned by digest (``name@sha256:...``) are left to pd_runtime's pull on each host: an
 archive does not keep the registry's manifest, so the digest would not name the loaded image.
@@ -28,8 +32,10 @@ from typing import Any
 import paramiko
 
 from pdctl import prefetch, validate
+from pdctl import service as services
 from pdctl.errors import HostError
 from pdctl.plan import WORKER_ROLES, Plan
+from pdctl.secret_mask import Masker
 from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
@@ -96,6 +102,16 @@ def plan_images(plan: Plan) -> dict[str, list[str]]:
                 hosts.append(slot.host)
     order = plan.hosts()
     return {ref: sorted(hosts, key=order.index) for ref, hosts in needs.items()}
+
+
+def plan_pins(plan: Plan) -> dict[str, str]:
+    """Each worker image the operator pinned (pdctl.image_id) -> its ID, as 64 hex digits."""
+    pins = {}
+    for role in WORKER_ROLES:
+        group = plan.groups[role]
+        if group.image_id:
+            pins[validate.image(group.image)] = validate.image_id(group.image_id).split(":")[1]
+    return pins
 
 
 def _mb(value: float) -> str:
@@ -192,44 +208,83 @@ def _first_take(archive: str | None) -> tuple[str, dict[str, Any]]:
     return "registry", {"kind": "registry"}
 
 
+def _expected(
+    ref: str, held: dict[str, dict[str, Any]], pin: str | None, needers: list[str]
+) -> tuple[str | None, dict[str, Take]]:
+    """The image ``ref`` must be: the pin, else the one every holder holds (None: no holder).
+    Holders that disagree fail every host that needs the image, each named with its ID."""
+    if pin is not None or not held:
+        return pin, {}
+    ids = {str(found["id"]) for found in held.values()}
+    if len(ids) == 1:
+        return ids.pop(), {}
+    said = ", ".join(f"{name} {str(found['id'])[:12]}" for name, found in held.items())
+    error = f"the hosts hold different images named {ref} ({said}): none is trusted"
+    return None, {name: Take(state="failed", error=error) for name in needers}
+
+
+def _take_first(
+    agents: dict[str, Agent],
+    ref: str,
+    pending: list[str],
+    archive: str | None,
+    expected: str | None,
+    takes: dict[str, Take],
+    progress: Progress,
+) -> dict[str, Any] | None:
+    """No host holds the image: the first of ``pending`` takes it the usual way (what it then
+    holds; None: it could not, and every other host fails for want of a source)."""
+    first = pending[0]
+    kind, source = _first_take(archive)
+    if expected is not None:
+        source["expect"] = {"id": expected, "size": 0}
+    takes[first].source = kind
+    progress(
+        f"image {ref}: no host holds it; {first} takes it from the {kind}, "
+        f"then {len(pending) - 1} host(s) from peers"
+    )
+    found = _take(agents[first], ref, source, takes[first], progress)
+    if found is None:
+        for name in pending[1:]:
+            takes[name].state = "failed"
+            takes[name].error = f"no source: {first} could not take it from the {kind}"
+    return found
+
+
 def _spread(
     agents: dict[str, Agent],
     ref: str,
     needers: list[str],
     archive: str | None,
+    pin: str | None,
     progress: Progress,
-) -> dict[str, Take]:
-    """One image onto every host in ``needers``: from its holders, in rounds."""
-    takes: dict[str, Take] = {}
+) -> tuple[str | None, int, dict[str, Take]]:
+    """One image onto every host in ``needers``: from the hosts that hold the expected image,
+    in rounds. The expected image's ID and size, and what happened on each host."""
     held = {name: found for name, agent in agents.items() if (found := agent.held.get(ref))}
-    holders = list(held)
+    expected, takes = _expected(ref, held, pin, needers)
+    if takes:
+        return None, 0, takes
+    holders = [name for name, found in held.items() if found["id"] == expected]
+    for name in holders:
+        takes[name] = Take(state="present", id=str(expected))
     for name, found in held.items():
-        takes[name] = Take(state="present", id=str(found["id"]))
+        if name not in holders:
+            progress(
+                f"image {ref} on {name}: holds {str(found['id'])[:12]}, not the pinned "
+                f"{str(expected)[:12]}: not used; it takes the pinned one"
+            )
+    size = min((int(held[name].get("size") or 0) for name in holders), default=0)
     pending = [name for name in needers if name not in holders]
     for name in pending:
         takes[name] = Take()
-    ids = {takes[name].id for name in holders}
-    if len(ids) > 1:
-        progress(
-            f"image {ref}: the hosts holding it hold different images under that name "
-            f"({', '.join(sorted(i[:12] for i in ids))}); each taker gets its source's"
-        )
     if not pending:
-        return takes
+        return expected, size, takes
     if not holders:
-        first = pending.pop(0)
-        kind, source = _first_take(archive)
-        takes[first].source = kind
-        progress(
-            f"image {ref}: no host holds it; {first} takes it from the {kind}, "
-            f"then {len(pending)} host(s) from peers"
-        )
-        if _take(agents[first], ref, source, takes[first], progress) is None:
-            for name in pending:
-                takes[name].state = "failed"
-                takes[name].error = f"no source: {first} could not take it from the {kind}"
-            return takes
-        holders = [first]
+        found = _take_first(agents, ref, pending, archive, expected, takes, progress)
+        if found is None:
+            return expected, size, takes
+        expected, size, holders = str(found["id"]), int(found.get("size") or 0), [pending.pop(0)]
     else:
         progress(f"image {ref}: {len(holders)} host(s) hold it, {len(pending)} take it from peers")
     while pending:
@@ -237,14 +292,11 @@ def _spread(
         pending = pending[len(pairs) :]
         threads = []
         for upstream, name in pairs:
-            giver = agents[upstream]
-            found = giver.held[ref] or {}
             takes[name].source = upstream
             source = {
                 "kind": "peer",
-                "url": _url(giver),
-                "runtime": giver.runtime,
-                "expect": {"id": found["id"], "layers": found["layers"], "size": found["size"]},
+                "url": _url(agents[upstream]),
+                "expect": {"id": expected, "size": size},
             }
             thread = threading.Thread(
                 target=_take, args=(agents[name], ref, source, takes[name], progress), daemon=True
@@ -254,7 +306,7 @@ def _spread(
         for thread in threads:
             thread.join()
         holders += [name for _, name in pairs if takes[name].state == "ready"]
-    return takes
+    return expected, size, takes
 
 
 def _fix(take: Take, ref: str, runtime: str) -> str:
@@ -267,10 +319,17 @@ def _fix(take: Take, ref: str, runtime: str) -> str:
         )
     if take.source == "archive":
         return "put the archive (pdctl.image_archive) on the host, holding that image"
-    if take.error and "another image" in take.error:
+    if take.error and ("another image" in take.error or "different images" in take.error):
         return (
-            f"the hosts hold different images named {ref}: remove the stale ones "
-            f"({runtime} rmi {ref}) or pin the image by digest, and re-run"
+            f"the hosts hold different images named {ref}: pin the one you mean "
+            f"(pdctl.image_id: the ID `{runtime} image inspect --format '{{{{.Id}}}}' {ref}` "
+            f"prints on a host you trust), or remove the stale ones ({runtime} rmi {ref}), "
+            "and re-run"
+        )
+    if take.error and take.error.startswith("the archive"):
+        return (
+            f"the host it took {ref} from sent an archive that is not the expected image: "
+            "check that host (pdctl fleet check), or take it out of the fleet, and re-run"
         )
     if take.error and take.error.startswith("no source"):
         return "fix the first host's cause; the others then take it from it"
@@ -288,9 +347,13 @@ def spread(
     *,
     runtime: str = "auto",
     archive: str | None = None,
+    pins: dict[str, str] | None = None,
+    secrets_known: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Every image of ``needs`` (image -> hosts that run it) onto its hosts (name -> address on
-    the fleet's network); per image and host what happened (HostError when any host failed)."""
+    the fleet's network); per image and host what happened (HostError when any host failed).
+    ``pins``: image -> the ID it must have (64 hex digits); ``secrets_known``: values masked
+    in what the hosts say."""
     refs = [ref for ref in needs if fanned_out(ref)]
     doc: dict[str, Any] = {}
     for ref in needs:
@@ -299,19 +362,21 @@ def spread(
             progress(f"image {ref}: pinned by digest, each host pulls it")
     if not refs:
         return doc
-    secret = secrets.token_urlsafe(32)
+    key = secrets.token_urlsafe(32)
+    opener = prefetch.masked(open_channel, Masker([*secrets_known, key]))
     agents: dict[str, Agent] = {}
     errors: list[str] = []
     fixes: dict[str, None] = {}
     try:
-        agents = _start(open_channel, hosts, refs, runtime, secret)
+        agents = _start(opener, hosts, refs, runtime, key)
         for ref in refs:
             started = time.monotonic()
-            takes = _spread(agents, ref, needs[ref], archive, progress)
-            holder = next((a.held[ref] for a in agents.values() if a.held.get(ref)), None)
+            expected, size, takes = _spread(
+                agents, ref, needs[ref], archive, (pins or {}).get(ref), progress
+            )
             doc[ref] = {
-                "id": (holder or {}).get("id"),
-                "bytes": (holder or {}).get("size"),
+                "id": expected,
+                "bytes": size,
                 "seconds": round(time.monotonic() - started, 2),
                 "hosts": {name: take.report() for name, take in takes.items()},
             }
@@ -344,4 +409,6 @@ def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, 
             progress,
             runtime=plan.runtime,
             archive=plan.image_archive,
+            pins=plan_pins(plan),
+            secrets_known=tuple(services.secret_values(plan).values()),
         )

@@ -2,8 +2,13 @@
 
 Runs on the hosts, which have python3's standard library only: pdctl/prefetch.py pipes this
 file's source over SSH and talks to it in JSON lines on stdin/stdout (``main()``); pdctl
-imports it too for the layout and the name rules. So: standard library only, no pdctl
-imports, Python 3.9 syntax.
+imports it too for the layout, the name rules and the hub's file list. So: standard library
+only, no pdctl imports but the modules shipped in front of it (hf_layout, secret_mask,
+peer_auth), Python 3.9 syntax.
+
+What to fetch (the commit and every file with its checksum) comes from pdctl, which asked the
+hub itself; what a peer sends is checked against it, byte for byte. A peer never redirects a
+host, and a host's own server answers only the fleet's addresses, with signed requests.
 
 The cache is the Hugging Face hub cache layout (docs/facts.md, "Hugging Face Hub API and cache"), so
 that an engine with ``HF_HOME`` on it and ``HF_HUB_OFFLINE=1`` finds the model:
@@ -20,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import hmac
 import http.client
 import http.server
 import json
@@ -48,11 +52,14 @@ from pdctl.hf_layout import (  # shipped: pdctl/prefetch.py puts hf_layout's sou
     record_dir,
     repo_dir,
 )
+from pdctl.peer_auth import RequestVerifier, authority, sign_request  # shipped, in front
+from pdctl.secret_mask import Masker  # shipped, in front
 
 CHUNK = 1 << 20
 RETRIES = 3
 PROGRESS_EVERY = 0.5  # seconds between two progress lines
 WAIT_STEP = 0.05  # seconds between two looks at a file a peer is still writing
+ORDER_WAIT = 120.0  # seconds a peer's request waits for this host's own order (its file list)
 
 
 def _makedirs(path: Path) -> None:
@@ -203,21 +210,40 @@ def _feed(digest: Any, file: Any) -> None:
 
 
 # ---------------------------------------------------------------- talking to a hub
-class _NoTokenAcrossHosts(urllib.request.HTTPRedirectHandler):
-    """Follow a hub's redirects (to its CDN), dropping the token when the host changes."""
+class _HubRedirects(urllib.request.HTTPRedirectHandler):
+    """A hub's redirects (to its CDN): only to https, or back to the hub itself; the token is
+    dropped when the host changes. Anything else (an internal http URL) is refused."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        was, goes = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if goes.scheme != "https" and (goes.scheme, goes.netloc) != (was.scheme, was.netloc):
+            raise urllib.error.HTTPError(
+                req.full_url,
+                code,
+                f"redirected to {newurl}: refused (a hub may redirect only to https or to itself)",
+                headers,
+                fp,
+            )
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if (
-            new is not None
-            and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc
-        ):
+        if new is not None and goes.netloc != was.netloc:
             new.headers.pop("Authorization", None)
             new.unredirected_hdrs.pop("Authorization", None)
         return new
 
 
-_OPENER = urllib.request.build_opener(_NoTokenAcrossHosts())
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A peer never redirects: a 3xx from a peer is refused, as it could point this root fetch
+    at any address the host reaches (and have its answer served on to the fleet)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        raise urllib.error.HTTPError(
+            req.full_url, code, f"answered with a redirect to {newurl}: refused", headers, fp
+        )
+
+
+_OPENER = urllib.request.build_opener(_HubRedirects())
+# No proxy between two hosts of the fleet (the peer checks the address it sees), no redirect.
+_PEER_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
 
 
 def _open(url: str, headers: dict[str, str], timeout: float = 60.0) -> Any:
@@ -225,6 +251,22 @@ def _open(url: str, headers: dict[str, str], timeout: float = 60.0) -> Any:
         raise ValueError(f"{url!r}: only http and https sources are fetched from")
     request = urllib.request.Request(url, headers=headers)  # noqa: S310  # scheme checked above
     return _OPENER.open(request, timeout=timeout)
+
+
+def open_peer(
+    url: str, key: str, headers: dict[str, str] | None = None, timeout: float = 300.0
+) -> Any:
+    """GET from a peer of the prefetch: plain http to a fleet address, the request signed with
+    the prefetch key (pdctl/peer_auth.py), no redirect followed."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.netloc:
+        raise ValueError(f"{url!r} is not a peer's URL")
+    signed = {
+        **(headers or {}),
+        "Authorization": sign_request(key, "GET", parts.netloc, parts.path),
+    }
+    request = urllib.request.Request(url, headers=signed)  # noqa: S310  # scheme checked above
+    return _PEER_OPENER.open(request, timeout=timeout)
 
 
 def _auth(token: str | None) -> dict[str, str]:
@@ -279,6 +321,14 @@ def resolve_url(endpoint: str, repo: str, commit: str, path: str) -> str:
 
 
 # ---------------------------------------------------------------- downloading one file
+class ContentMismatch(ValueError):
+    """Bytes that are not the listed file's (another checksum, more than its size)."""
+
+
+class SourceFault(RuntimeError):
+    """A file its source kept sending wrong (other bytes, a redirect): the source's doing."""
+
+
 class Fetcher:
     """Downloads a model's missing files into the cache from one source (the hub or a peer),
     resuming partial files, verifying each and fetching a corrupt one again."""
@@ -312,7 +362,7 @@ class Fetcher:
             headers.update(_auth(self.source.get("token")))
         else:
             url = f"{self.source['url'].rstrip('/')}/blobs/{entry['blob']}"
-            headers["Authorization"] = f"Bearer {self.source['secret']}"
+            return open_peer(url, self.source["secret"], headers)
         return _open(url, headers, timeout=300.0)
 
     def progress(self, force: bool = False) -> None:
@@ -358,7 +408,9 @@ class Fetcher:
                     if not chunk:
                         break
                     if offset + len(chunk) > entry["size"]:
-                        raise ValueError(f"{entry['path']}: the source sent more than its size")
+                        raise ContentMismatch(
+                            f"{entry['path']}: the source sent more than its size"
+                        )
                     out.write(chunk)
                     out.flush()  # a peer streams it from here to the next host
                     digest.update(chunk)
@@ -371,7 +423,7 @@ class Fetcher:
         if digest.hexdigest() != entry["blob"]:
             partial.unlink()
             self.have -= offset
-            raise ValueError(f"{entry['path']}: checksum mismatch (corrupt download)")
+            raise ContentMismatch(f"{entry['path']}: checksum mismatch (corrupt download)")
         partial.replace(blob)
         self.cache.stamp(entry["blob"])
 
@@ -382,7 +434,7 @@ class Fetcher:
         if state == "ready":
             self.have += entry["size"]
         else:
-            error = ""
+            error, fault = "", False
             for _attempt in range(RETRIES):
                 try:
                     self._download(entry)
@@ -390,12 +442,15 @@ class Fetcher:
                     break
                 except (OSError, ValueError, http.client.HTTPException) as exc:
                     error = _reason(exc)
+                    fault = isinstance(exc, ContentMismatch) or (
+                        isinstance(exc, urllib.error.HTTPError) and 300 <= exc.code < 400
+                    )
                     self.have = self._recount(entry)
                     if isinstance(exc, urllib.error.HTTPError):  # refused: start clean next time
                         self.cache.partial(entry["blob"]).unlink(missing_ok=True)
                     time.sleep(0.5)
             if error:
-                raise RuntimeError(f"{entry['path']}: {error}")
+                raise (SourceFault if fault else RuntimeError)(f"{entry['path']}: {error}")
         self.cache.link(self.manifest, entry)
 
     def _recount(self, entry: dict[str, Any]) -> int:
@@ -484,18 +539,24 @@ def _addresses(names: list[str]) -> set[str]:
 
 
 class Peer:
-    """A host's HTTP server for the prefetch's peers: only the fleet's addresses holding the
-    one-time secret are answered, for the prefetch's duration. What it serves is a
+    """A host's HTTP server for the prefetch's peers: only the fleet's addresses are let in (an
+    address outside it is closed before any thread starts), at most ``max_connections`` at once,
+    each silent at most ``read_timeout`` seconds, and only requests signed with the one-time key
+    (pdctl/peer_auth.py) are answered, for the prefetch's duration. What it serves is a
     subclass's ``serve`` (the model's blobs here, worker images in pdctl/image_fetch.py)."""
 
     protocol_version = "HTTP/1.0"
+    max_connections = 32  # the chain needs one at a time, the image tree one per round
+    read_timeout = 30.0  # seconds: a connection that sends or takes nothing for this long ends
 
     def __init__(self, bind: str, allow: list[str], secret: str) -> None:
-        self.allow, self.secret = _addresses(allow), secret
+        self.allow = _addresses(allow)
         server = self
+        slots = threading.BoundedSemaphore(self.max_connections)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = server.protocol_version
+            timeout = server.read_timeout
 
             def log_message(self, format: str, *args: Any) -> None:
                 return  # no request logs (they would land in pdctl's stdout)
@@ -509,8 +570,27 @@ class Peer:
             address_family = family
             daemon_threads = True
 
+            def verify_request(self, request: Any, client_address: Any) -> bool:
+                # In the accepting thread: a stranger, or one connection too many, is closed
+                # here and costs no thread.
+                return client_address[0] in server.allow and slots.acquire(blocking=False)
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    slots.release()  # no thread started: give its place back
+                    raise
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
+
         self.httpd = Server((bind, 0), Handler)
         self.port = self.httpd.server_address[1]
+        self.verifier = RequestVerifier(secret, authority(bind, self.port))
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def start(self) -> None:
@@ -521,11 +601,10 @@ class Peer:
         self.httpd.server_close()
 
     def handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
-        client = request.client_address[0]
-        token = request.headers.get("Authorization", "")
-        if client not in self.allow or not hmac.compare_digest(
-            token.encode(), f"Bearer {self.secret}".encode()
-        ):
+        signed = self.verifier.allows(
+            request.headers.get("Authorization"), request.command, request.path
+        )
+        if request.client_address[0] not in self.allow or not signed:
             request.send_error(403, "not a host of this prefetch")
             return
         self.serve(request)
@@ -542,11 +621,14 @@ class PeerServer(Peer):
     def __init__(self, cache: Cache, bind: str, allow: list[str], secret: str) -> None:
         self.cache = cache
         self.expected: dict[str, int] = {}  # blob -> size, once the manifest is known
+        self.ordered = threading.Event()  # this host has its order (or will never get one)
         self.done = threading.Event()  # this host's fetch ended (ok or not)
         self.failed = False
         super().__init__(bind, allow, secret)
 
     def serve(self, request: http.server.BaseHTTPRequestHandler) -> None:
+        # pdctl orders every host at once: the next host may ask before this one has its list
+        self.ordered.wait(ORDER_WAIT)
         match = re.match(r"^/blobs/([0-9a-f]{40}|[0-9a-f]{64})\Z", request.path)
         size = self.expected.get(match.group(1)) if match else None
         if match is None or size is None:
@@ -672,60 +754,55 @@ class Session:
         self.revision = check_revision(request["revision"])
         self.server = PeerServer(self.cache, request["bind"], request["allow"], request["secret"])
         self.secret = request["secret"]
-        self.held: dict[str, Any] | None = None  # the cache's file list, when it holds it all
+        self.mirror = request.get("mirror")  # a mirror directory on the hosts (offline fleets)
+        self.masker = Masker([self.secret])
 
     def emit(self, doc: dict[str, Any]) -> None:
         with self._out_lock:
-            self.out.write(json.dumps(doc) + "\n")
+            self.out.write(json.dumps(self.masker.doc(doc)) + "\n")
             self.out.flush()
 
     def hello(self) -> None:
+        """What this host holds of the model, and (offline) the mirror's file list as it reads
+        it: claims pdctl checks, never a file list it hands on as they are."""
         commit = self.revision if COMMIT.match(self.revision) else self.cache.ref(self.revision)
         manifest = self.cache.manifest(commit) if commit else None
         complete = manifest is not None and all(
             self.cache.state(e, deep=False) == "ready" for e in manifest["files"]
         )
-        self.held = manifest if complete else None
-        self.emit(
-            {
-                "event": "hello",
-                "port": self.server.port,
-                "commit": commit,
-                "complete": complete,
-                "manifest": manifest,
-            }
-        )
-
-    def _resolve(self, source: dict[str, Any] | None) -> dict[str, Any]:
-        """The file list at the hub; the cache's own when the hub cannot be asked and the cache
-        holds the revision whole (a restart, a redeploy: nothing to download anyway)."""
-        if source is None or source["kind"] not in {"hub", "dir"}:
-            raise RuntimeError("no file list and no hub to ask for it")
-        try:
-            if source["kind"] == "dir":
-                return dir_manifest(source["path"], self.cache.repo, self.revision)
-            return hub_manifest(
-                source["endpoint"], self.cache.repo, self.revision, source.get("token")
-            )
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            if self.held is None:
-                raise
-            self.emit({"event": "warning", "message": f"the hub: {_reason(exc)}; kept the cache's"})
-            return self.held
+        doc: dict[str, Any] = {
+            "event": "hello",
+            "port": self.server.port,
+            "commit": commit,
+            "complete": complete,
+            "manifest": manifest,
+        }
+        if isinstance(self.mirror, str):
+            try:
+                doc["mirror"] = {
+                    "manifest": dir_manifest(self.mirror, self.cache.repo, self.revision)
+                }
+            except (OSError, ValueError, RuntimeError) as exc:
+                doc["mirror"] = {"error": _reason(exc)}
+        self.emit(doc)
 
     def run(self, order: dict[str, Any]) -> None:
+        """Fetch what the cache lacks of the file list pdctl sends (the hub's, as pdctl asked
+        it, or the one every holder agreed on) from the source it names."""
         source = order.get("source")
-        manifest = order.get("manifest")
         if source is not None and source["kind"] == "peer":
             source = {**source, "secret": self.secret}
-        if manifest is None:
-            manifest = self._resolve(source)
-        manifest = check_manifest(manifest)
+        if source is not None and source["kind"] == "hub":
+            self.masker.add(source.get("token"))
+        if order.get("manifest") is None:
+            raise RuntimeError("pdctl sent no file list")
+        manifest = check_manifest(order["manifest"])
         if manifest["repo"] != self.cache.repo:
             raise RuntimeError(f"the file list is {manifest['repo']}'s, not {self.cache.repo}'s")
         self.server.expected = {f["blob"]: f["size"] for f in manifest["files"]}
+        self.server.ordered.set()
         self.cache.save_manifest(manifest)
-        self.emit({"event": "manifest", "manifest": manifest})
+        self.emit({"event": "manifest", "commit": manifest["commit"]})
         fetcher = Fetcher(self.cache, manifest, source or {"kind": "none"}, self.emit)
         if source is None:
             for entry in manifest["files"]:
@@ -755,9 +832,13 @@ def _serve_session(stdin: Any, stdout: Any, request: dict[str, Any]) -> int:
             session.run(order)
         except (OSError, ValueError, RuntimeError, http.client.HTTPException) as exc:
             session.server.failed = True
-            session.emit({"event": "error", "message": _reason(exc)})
+            error = {"event": "error", "message": _reason(exc)}
+            if isinstance(exc, SourceFault):
+                error["fault"] = "source"  # what the source sent was not the listed file
+            session.emit(error)
             return 1
         finally:
+            session.server.ordered.set()
             session.server.done.set()
         stdin.readline()  # serve peers until pdctl says stop (or hangs up)
         return 0
@@ -777,8 +858,10 @@ def main(ops: dict[str, Op] | None = None) -> int:
     (pdctl/image_fetch.py's ``images``), shipped in the same script."""
     os.umask(0o022)
     stdin, stdout = sys.stdin, sys.stdout
+    masker = Masker()
     try:
         request = json.loads(stdin.readline())
+        masker.add(request.get("secret"))
         if request.get("op") == "check":
             stdout.write(json.dumps(check(request)) + "\n")
             return 0
@@ -786,7 +869,8 @@ def main(ops: dict[str, Op] | None = None) -> int:
             return ops[request["op"]](stdin, stdout, request)
         return _serve_session(stdin, stdout, request)
     except (OSError, ValueError, RuntimeError, KeyError, http.client.HTTPException) as exc:
-        stdout.write(json.dumps({"event": "error", "message": _reason(exc)}) + "\n")
+        message = masker.text(_reason(exc))
+        stdout.write(json.dumps({"event": "error", "message": message}) + "\n")
         return 1
 
 

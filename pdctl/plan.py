@@ -27,7 +27,7 @@ from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
 from pdctl.launch import Engine
 from pdctl.layout import Layout, Roots
 from pdctl.router_flags import IGW_FLAG, kept_flags, launch_line
-from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec
+from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec, image_pin
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
@@ -162,6 +162,9 @@ class GroupPlan(BaseModel):
     gpus_per_replica: int
     scaling: dict[str, Any] | None
     image: str
+    # The image's ID as the operator pins it (pdctl.image_id; None: not pinned): what a host
+    # that takes the image from another checks it against.
+    image_id: str | None = None
     script: str
     config: str  # hash of what a replica runs: a change means a rolling update
     slots: list[Slot] = Field(default_factory=list)
@@ -531,6 +534,7 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> 
         gpus_per_replica=per_replica,
         scaling=group.scaling.model_dump() if group.scaling else None,
         image=image,
+        image_id=image_pin(spec, group),
         script=script,
         config=_config_hash(image, script, env, spec, per_replica, secrets_digest),
     )

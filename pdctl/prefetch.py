@@ -1,12 +1,19 @@
 """Fill the hosts' model cache before the units start: one download, fanned out in the fleet.
 
+pdctl itself asks the hub for the model's commit and file list (every file with its size and
+checksum); that list is what every host fetches and checks bytes against, whoever sends them.
+Offline (a mirror directory on the hosts) or with the hub out of pdctl's reach, the list comes
+from the hosts, and every host that reports one must report the same, else nothing moves.
+
 Every host with a slot (spares too) runs pdctl/model_fetch.py over SSH, as root, its source
-and a one-time secret on stdin (never in an argv or a log). Each says what its cache holds;
-pdctl then chains them: the first (one that holds the model, if any) resolves the model at
-the hub (the only host that gets the hub token), and each next host takes every file from
-the host before it, streaming a file while that host still writes it, so the hub sends each
-file once and the total time grows with the hop count only by a file's head start. The peers
-serve blobs to the fleet's hosts only, for the prefetch's duration.
+and a one-time key on stdin (never in an argv or a log). Each says what its cache holds (a
+claim, checked against the list); pdctl then chains them: the first (one whose cache holds
+that list whole, if any) takes what it lacks from the hub (the only host that gets the hub
+token), and each next host takes every file from the host before it, streaming a file while
+that host still writes it, so the hub sends each file once and the total time grows with the
+hop count only by a file's head start. The peers serve blobs to the fleet's hosts only, to
+signed requests, for the prefetch's duration. Whatever a host says passes a masker that knows
+the plan's secrets before pdctl prints it.
 """
 
 from __future__ import annotations
@@ -26,16 +33,28 @@ from typing import Any
 
 import paramiko
 
-from pdctl import hf_layout, image_fetch, inventory, model_fetch, ssh
+from pdctl import (
+    hf_layout,
+    image_archive,
+    image_fetch,
+    inventory,
+    model_fetch,
+    model_list,
+    peer_auth,
+    secret_mask,
+    ssh,
+)
 from pdctl import service as services
 from pdctl.errors import HostError
 from pdctl.plan import Plan
+from pdctl.secret_mask import Masker
 from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
-# One script: hf_layout's source, then model_fetch's, then image_fetch's (whose last lines run
-# it), without their imports of each other, and without model_fetch's own entry point.
-_SHIPPED = (hf_layout, model_fetch, image_fetch)
+# One script: each module's source in this order, image_fetch's last (its last lines run it),
+# without their imports of each other, and without model_fetch's own entry point.
+_HUB_CLIENT = (hf_layout, secret_mask, peer_auth, model_fetch)
+_SHIPPED = (*_HUB_CLIENT, image_archive, image_fetch)
 _PDCTL_IMPORT = re.compile(
     r"^from __future__ import annotations\n|^from pdctl\.\w+ import (?:\([^)]*\)|[^\n]*)\n",
     flags=re.MULTILINE,
@@ -48,9 +67,9 @@ def _joined(modules: tuple[Any, ...]) -> str:
     )
 
 
-# The hub client alone (hf_layout and model_fetch as one module): the lab's worker image
-# carries it (pdctl/lab/worker_tree.py) to download a model the way pdctl's fetcher does.
-SCRIPT = _joined((hf_layout, model_fetch))
+# The hub client alone (model_fetch and what it stands on, as one module): the lab's worker
+# image carries it (pdctl/lab/worker_tree.py) to download a model the way pdctl's fetcher does.
+SCRIPT = _joined(_HUB_CLIENT)
 _SOURCE = _joined(_SHIPPED).replace('if __name__ == "__main__":\n    sys.exit(main())\n', "")
 # The argv holds this fixed loader only: the script, then the requests, come on stdin.
 _LOADER = (
@@ -77,6 +96,7 @@ class Request:
     cache: str
     endpoint: str
     token: str | None = None  # sent to the one host that contacts the hub
+    secrets: tuple[str, ...] = ()  # every secret value of the plan: masked in what hosts say
 
 
 @dataclass
@@ -85,8 +105,10 @@ class HostRun:
     address: str
     state: str = "starting"  # starting | fetching | ready | failed
     port: int | None = None
-    complete: bool = False
-    manifest: dict[str, Any] | None = None
+    claim: dict[str, Any] | None = None  # the list its cache holds whole, as it says
+    mirror: dict[str, Any] | None = None  # the mirror's list as it reads it (offline)
+    mirror_error: str | None = None
+    holds: bool = False  # its claim is the trusted list: it heads the chain
     source: str = ""
     bytes: int = 0
     total: int = 0
@@ -95,9 +117,9 @@ class HostRun:
     eta: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    fault: bool = False  # what its source sent was not the listed file
     cut_off: bool = False  # failed after the host it took the model from failed
     reported: float = field(default_factory=time.monotonic)  # the first line after a while
-    manifest_ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
 
     def report(self) -> dict[str, Any]:
@@ -114,10 +136,12 @@ class HostRun:
 
 
 class Channel:
-    """One host's fetcher, started with the loader: JSON lines to its stdin, from its stdout."""
+    """One host's fetcher, started with the loader: JSON lines to its stdin, from its stdout.
+    Every string it reads back passes ``masker`` (the prefetch sets it: the plan's secrets)."""
 
     def __init__(self, stdin: Any, stdout: Any, stderr: Any) -> None:
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.masker = Masker()
         self.stdin.write(script_input())
         self.stdin.flush()
 
@@ -129,7 +153,7 @@ class Channel:
         line = self.stdout.readline()
         if not line:
             return None
-        doc = json.loads(line)
+        doc = self.masker.doc(json.loads(line))
         return doc if isinstance(doc, dict) else None
 
     def last_error(self) -> str:
@@ -138,7 +162,7 @@ class Channel:
         except OSError:
             text = b""
         text = text.decode(errors="replace") if isinstance(text, bytes) else text
-        lines = text.strip().splitlines()
+        lines = self.masker.text(text).strip().splitlines()
         return lines[-1] if lines else "the fetcher ended without a word"
 
     def close(self) -> None:
@@ -147,6 +171,17 @@ class Channel:
 
 
 Opener = Callable[[str], Channel]  # host name -> its fetcher, started
+
+
+def masked(open_channel: Opener, masker: Masker) -> Opener:
+    """The same fetchers, each reading back through ``masker``."""
+
+    def open_masked(host: str) -> Channel:
+        channel = open_channel(host)
+        channel.masker = masker
+        return channel
+
+    return open_masked
 
 
 def ssh_opener(pool: ssh.Pool, targets: dict[str, ssh.Target]) -> Opener:
@@ -173,11 +208,6 @@ def _line(run: HostRun) -> str:
     )
 
 
-def _order(runs: list[HostRun]) -> list[HostRun]:
-    """The chain: hosts that hold the model first (they need nothing), then the rest."""
-    return sorted(runs, key=lambda r: not r.complete)
-
-
 def _follow(run: HostRun, channel: Channel, progress: Progress) -> None:
     """Read a host's events until it is done or fails."""
     try:
@@ -187,11 +217,7 @@ def _follow(run: HostRun, channel: Channel, progress: Progress) -> None:
                 run.state, run.error = "failed", channel.last_error()
                 return
             event = doc.get("event")
-            if event == "manifest":
-                run.manifest = doc.get("manifest")
-                run.total = sum(f["size"] for f in (run.manifest or {}).get("files", []))
-                run.manifest_ready.set()
-            elif event == "progress":
+            if event == "progress":
                 run.bytes, run.total = int(doc["bytes"]), int(doc["total"])
                 run.fetched, run.rate, run.eta = int(doc["fetched"]), float(doc["rate"]), doc["eta"]
                 now = time.monotonic()
@@ -204,11 +230,11 @@ def _follow(run: HostRun, channel: Channel, progress: Progress) -> None:
                 return
             elif event == "error":
                 run.state, run.error = "failed", str(doc.get("message"))
+                run.fault = doc.get("fault") == "source"
                 return
     except (OSError, ValueError, KeyError, TypeError) as exc:
         run.state, run.error = "failed", f"lost the fetcher: {exc}"
     finally:
-        run.manifest_ready.set()
         run.finished.set()
 
 
@@ -225,6 +251,7 @@ def _start(
             "bind": run.address,
             "allow": allow,
             "secret": secret,
+            **({"mirror": request.endpoint} if _offline(request) else {}),
         }
     )
     return channel
@@ -235,7 +262,17 @@ def _hello(run: HostRun, channel: Channel) -> None:
     if doc is None or doc.get("event") != "hello":
         message = (doc or {}).get("message") or channel.last_error()
         raise HostError(f"{run.name}: the model fetcher did not start: {message}")
-    run.port, run.complete = int(doc["port"]), bool(doc.get("complete"))
+    run.port = int(doc["port"])
+    run.claim = model_list.checked(doc.get("manifest")) if doc.get("complete") else None
+    mirror = doc.get("mirror")
+    if isinstance(mirror, dict):
+        run.mirror = model_list.checked(mirror.get("manifest"))
+        run.mirror_error = None if run.mirror else str(mirror.get("error") or "no file list")
+
+
+def _offline(request: Request) -> bool:
+    """A mirror directory on the hosts (a path), not a hub."""
+    return request.endpoint.startswith("/")
 
 
 def prefetch(
@@ -246,39 +283,66 @@ def prefetch(
 
     A host that fails mid-chain cuts off the hosts after it; they take the model again, from a
     host that has it now, in a second chain that puts the hosts that failed by themselves
-    last: so one bad host fails only itself."""
+    last: so one bad host fails only itself. A host that sent bytes that are not the listed
+    file's is no source in the second chain (its hosts take the model from the hub)."""
     started = time.monotonic()
-    runs, chain = _fill(open_channel, hosts, list(hosts), request, progress)
+    masker = Masker([*request.secrets, request.token])
+    opener = masked(open_channel, masker)
+    trusted = None
+    if not _offline(request):
+        trusted = model_list.from_hub(
+            request.endpoint, request.repo, request.revision, request.token, masker
+        )
+        if trusted is None:
+            progress(
+                f"model {request.repo}@{request.revision}: the hub {request.endpoint} cannot be "
+                "reached from here: the hosts that hold the model must agree on its files"
+            )
+    runs, trusted = _fill(opener, hosts, list(hosts), request, progress, masker, trusted)
     failed = [r for r in runs if r.state != "ready"]
-    ready = [r for r in runs if r.state == "ready"]
-    if failed and ready:
+    suspects = {r.source for r in failed if r.fault and r.source in hosts}
+    for run in failed:
+        if run.fault and run.source in hosts:
+            progress(
+                f"model on {run.name}: {run.source} sent what is not the listed file "
+                f"({run.error}): {run.source} is no source again"
+            )
+    ready = [r for r in runs if r.state == "ready" and r.name not in suspects]
+    if failed and (ready or suspects):
         cut_off = [r for r in failed if r.cut_off]
-        order = [
-            ready[0].name,
-            *(r.name for r in cut_off),
-            *(r.name for r in failed if not r.cut_off),
-        ]
+        head = [ready[0].name] if ready else []
+        order = [*head, *(r.name for r in cut_off), *(r.name for r in failed if not r.cut_off)]
+        origin = head[0] if head else ("the mirror" if _offline(request) else "the hub")
         progress(
             f"model {request.repo}: {len(failed)} host(s) did not get it; "
-            f"taking it again from {ready[0].name}"
+            f"taking it again from {origin}"
         )
-        again, _ = _fill(open_channel, {n: hosts[n] for n in order}, order, request, progress)
-        retried = {r.name: r for r in again[1:]}
+        again, _ = _fill(
+            opener, {n: hosts[n] for n in order}, order, request, progress, masker, trusted
+        )
+        retried = {r.name: r for r in again if r.name not in head}
         runs = [retried.get(r.name, r) for r in runs]
     failed = [r for r in runs if r.state != "ready"]
     if failed:
         raise HostError(
-            "model prefetch failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
+            "model prefetch failed: " + "; ".join(_failure(r) for r in failed),
             hint="check the fleet's model_endpoint (pdctl fleet show) and the hosts' disk",
         )
     return {
         "repo": request.repo,
         "revision": request.revision,
-        "commit": (chain[0].manifest or {}).get("commit"),
-        "bytes": chain[0].total,
+        "commit": trusted["commit"],
+        "bytes": sum(f["size"] for f in trusted["files"]),
         "seconds": round(time.monotonic() - started, 2),
         "hosts": {r.name: r.report() for r in runs},
     }
+
+
+def _failure(run: HostRun) -> str:
+    """One host's failure, with the host it took the model from when that host is to blame."""
+    if run.fault:
+        return f"{run.name}: {run.error}, in what {run.source} sent"
+    return f"{run.name}: {run.error}"
 
 
 def _fill(
@@ -287,10 +351,14 @@ def _fill(
     order: list[str],
     request: Request,
     progress: Progress,
-) -> tuple[list[HostRun], list[HostRun]]:
-    """One chain over ``hosts`` (holders first, then in ``order``): every run, and the chain."""
+    masker: Masker,
+    trusted: dict[str, Any] | None,
+) -> tuple[list[HostRun], dict[str, Any]]:
+    """One chain over ``hosts`` (holders of the trusted list first, then in ``order``): every
+    run, and the list it fetched (``trusted``, or the one the hosts agreed on)."""
     runs = [HostRun(name=name, address=hosts[name]) for name in order]
     secret = secrets.token_urlsafe(32)
+    masker.add(secret)
     allow = sorted({r.address for r in runs})
     channels: dict[str, Channel] = {}
     try:
@@ -298,56 +366,84 @@ def _fill(
             channels[run.name] = _start(open_channel, run, request, allow, secret)
         for run in runs:
             _hello(run, channels[run.name])
-        chain = _order(runs)
+        if trusted is None:
+            trusted = _agreed(runs, request)
+        _judge(runs, trusted, request, progress)
+        chain = sorted(runs, key=lambda r: not r.holds)
         progress(
             f"model {request.repo}@{request.revision}: "
-            f"{sum(r.complete for r in runs)} of {len(runs)} host(s) hold it; "
-            f"hub {request.endpoint} -> {' -> '.join(r.name for r in chain)}"
+            f"{sum(r.holds for r in runs)} of {len(runs)} host(s) hold it; "
+            f"{_head_name(request)} {request.endpoint} -> {' -> '.join(r.name for r in chain)}"
         )
-        _run_chain(chain, channels, request, progress)
+        _run_chain(chain, channels, request, trusted, progress)
     finally:
         for channel in channels.values():
             with contextlib.suppress(OSError, EOFError):
                 channel.send({"stop": True})
             channel.close()
-    return runs, chain
+    return runs, trusted
+
+
+def _head_name(request: Request) -> str:
+    return "mirror" if _offline(request) else "hub"
+
+
+def _agreed(runs: list[HostRun], request: Request) -> dict[str, Any]:
+    """Without the hub's list: the one every host that reports a list (its cache's, or the
+    mirror's as it reads it) reports."""
+    claims = [model_list.Claim(r.name, "the mirror", r.mirror) for r in runs if r.mirror]
+    claims += [model_list.Claim(r.name, "its cache", r.claim) for r in runs if r.claim]
+    if _offline(request):
+        why = "; ".join(f"{r.name}: {r.mirror_error}" for r in runs if r.mirror_error)
+        why_none = f"no host reads it in the mirror {request.endpoint} ({why or 'no answer'})"
+    else:
+        why_none = f"the hub {request.endpoint} cannot be reached from here, and no host holds it"
+    return model_list.agreed(claims, f"model {request.repo}@{request.revision}", why_none)
+
+
+def _judge(
+    runs: list[HostRun], trusted: dict[str, Any], request: Request, progress: Progress
+) -> None:
+    """Which hosts hold the trusted list: only they may head the chain. A host whose cache
+    claims another list for the revision is said, and fetches the trusted one like the rest."""
+    for run in runs:
+        run.holds = run.claim is not None and model_list.same(run.claim, trusted)
+        if run.claim is not None and not run.holds:
+            progress(
+                f"model on {run.name}: its cache says {request.repo}@{request.revision} is "
+                f"{model_list.describe(run.claim)}, not the trusted "
+                f"{model_list.describe(trusted)}: not used; {run.name} takes the trusted files"
+            )
 
 
 def _run_chain(
-    chain: list[HostRun], channels: dict[str, Channel], request: Request, progress: Progress
+    chain: list[HostRun],
+    channels: dict[str, Channel],
+    request: Request,
+    trusted: dict[str, Any],
+    progress: Progress,
 ) -> None:
     head = chain[0]
-    source = _head_source(request)
-    head.source = "hub" if source["kind"] == "hub" else "mirror"
-    threads = [
-        threading.Thread(target=_follow, args=(r, channels[r.name], progress), daemon=True)
-        for r in chain
-    ]
-    channels[head.name].send({"source": source, "manifest": None})
-    threads[0].start()
-    head.manifest_ready.wait()
-    if head.manifest is None:
-        for run in chain[1:]:
-            run.state, run.error = "failed", f"no file list: {head.name} failed first"
-            run.cut_off = True
-        threads[0].join()
-        return
-    for upstream, run, thread in zip(chain[:-1], chain[1:], threads[1:], strict=True):
-        run.source = upstream.name
-        channels[run.name].send(
-            {
-                "source": {
-                    "kind": "peer",
-                    "url": f"http://{_host(upstream.address)}:{upstream.port}",
-                },
-                "manifest": head.manifest,
-            }
+    head.source = _head_name(request)
+    total = sum(f["size"] for f in trusted["files"])
+    threads = []
+    for upstream, run in zip([None, *chain[:-1]], chain, strict=True):
+        run.total = total
+        if upstream is None:
+            source = _head_source(request)
+        else:
+            run.source = upstream.name
+            source = {"kind": "peer", "url": f"http://{_host(upstream.address)}:{upstream.port}"}
+        channels[run.name].send({"source": source, "manifest": trusted})
+        thread = threading.Thread(
+            target=_follow, args=(run, channels[run.name], progress), daemon=True
         )
         thread.start()
+        threads.append(thread)
     for thread in threads:
         thread.join()
     for upstream, run in itertools.pairwise(chain):
-        run.cut_off = run.state == "failed" and upstream.state == "failed"
+        run.cut_off = run.state == "failed" and upstream.state == "failed" and not run.fault
     for run in chain:
         if run.state == "ready":
             progress(
@@ -358,7 +454,7 @@ def _run_chain(
 
 def _head_source(request: Request) -> dict[str, Any]:
     """The hub (its token with it), or a local mirror on the hosts (a path: no token)."""
-    if request.endpoint.startswith("/"):
+    if _offline(request):
         return {"kind": "dir", "path": request.endpoint}
     return {"kind": "hub", "endpoint": request.endpoint, "token": request.token}
 
@@ -398,6 +494,7 @@ def plan_request(plan: Plan, endpoint: str) -> Request | None:
         cache=plan.model_cache,
         endpoint=endpoint,
         token=services.secret_values(plan).get("HF_TOKEN") or None,
+        secrets=tuple(services.secret_values(plan).values()),
     )
 
 

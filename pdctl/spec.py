@@ -121,6 +121,11 @@ Delay = Annotated[float, BeforeValidator(_seconds), AfterValidator(_delay)]
 Port = Annotated[int, AfterValidator(validate.port)]
 HostPath = Annotated[str, AfterValidator(validate.host_path)]
 Image = Annotated[str, AfterValidator(validate.image)]
+ImageId = Annotated[str, AfterValidator(validate.image_id)]
+IMAGE_ID_HELP = (
+    "The worker image's ID (sha256:...), as the operator knows it: the image every host must "
+    "run under that name, checked before a host takes it from another."
+)
 Name = Annotated[str, AfterValidator(validate.service_name)]
 
 
@@ -473,6 +478,7 @@ class GroupSettings(Strict):
         description="The group's P/D role, where neither its command nor its name says it "
         "(a vLLM worker with kv_role kv_both).",
     )
+    image_id: ImageId | None = Field(None, description=IMAGE_ID_HELP + " (the group's image)")
 
 
 class ReplicaGroup(Strict):
@@ -591,6 +597,7 @@ class PdctlSettings(Strict):
     image_archive: HostPath | None = Field(
         None, description="Load the image from this archive (air-gapped hosts)."
     )
+    image_id: ImageId | None = Field(None, description=IMAGE_ID_HELP + " (the spec's image)")
     memlock: Literal["unlimited", "inherit"] = Field(
         "unlimited",
         description="RDMA needs unlimited locked memory; 'inherit' where rlimits cannot be raised.",
@@ -791,6 +798,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     _check_engines(spec, path, located)
     _check_scaling(spec, path, located)
     _check_router(spec, path, located)
+    _check_image_ids(spec, path, located)
     _check_commands(spec, path, located)
     _check_ports(spec, path, located)
     env = resolve_env(env_items, path, environ)
@@ -1035,6 +1043,34 @@ def _check_router(spec: Spec, path: Path, located: Located) -> None:
         except RouterFlagError as exc:
             loc = ("replicas", index, "commands", number)
             raise SpecError(path, located.line_of(loc), _field(loc), str(exc)) from exc
+
+
+def image_pin(spec: Spec, group: ReplicaGroup) -> str | None:
+    """The image ID the operator pins for what ``group`` runs: the group's own pdctl.image_id,
+    else the spec's pdctl.image_id when the group runs the spec's image."""
+    if group.pdctl is not None and group.pdctl.image_id is not None:
+        return group.pdctl.image_id
+    return spec.pdctl.image_id if group.image in {None, spec.image} else None
+
+
+def _check_image_ids(spec: Spec, path: Path, located: Located) -> None:
+    """One image, one pinned ID: two groups that run one image cannot pin two."""
+    pins: dict[str, tuple[str, int]] = {}
+    for index, group in enumerate(spec.replicas):
+        pin = image_pin(spec, group)
+        if group.role not in {"prefill", "decode"} or pin is None:
+            continue
+        image = group.image or spec.image
+        first = pins.setdefault(image, (pin, index))
+        if first[0] != pin:
+            loc = ("replicas", index, "pdctl", "image_id")
+            raise SpecError(
+                path,
+                located.line_of(loc),
+                _field(loc),
+                f"{image} is pinned to {first[0]} by replicas[{first[1]}] and to {pin} here",
+                hint="one image has one ID: pin it once (pdctl.image_id for the spec's image)",
+            )
 
 
 def _check_commands(spec: Spec, path: Path, located: Located) -> None:

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from pdctl.errors import HostError
+from pdctl.secret_mask import Masker
 
 JOURNAL_LINES = 15
 SHOWN_LINES = 5  # per unit, in the one-line-per-unit text form
 _LINE_MAX = 400
-MASK = "***"
 
 
 @dataclass
@@ -77,12 +77,6 @@ def _probe(item: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None
     return output, target
 
 
-def _masked(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, MASK)
-    return text
-
-
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -95,7 +89,7 @@ def from_unitctl(
     head, _, journal = output.partition("\n--\n")
     props = dict(line.partition("=")[::2] for line in head.splitlines())
     restarts = props.get("NRestarts", "0")
-    lines = _masked(journal[-65536:], _hidden(secrets)).splitlines()
+    lines = Masker(secrets).text(journal[-65536:]).splitlines()
     return Unhealthy(
         replica=replica,
         host=host,
@@ -105,11 +99,6 @@ def from_unitctl(
         status=0,
         journal=[line[:_LINE_MAX] for line in lines[-JOURNAL_LINES:]],
     )
-
-
-def _hidden(secrets: Iterable[str]) -> list[str]:
-    """The values to mask, longest first (a value inside another is masked with it)."""
-    return sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)
 
 
 class TaskResultView(Protocol):
@@ -135,7 +124,7 @@ class RunView(Protocol):
 
 def from_run(summary: RunView, secrets: Iterable[str] = ()) -> list[Unhealthy]:
     """Every unit whose health wait failed in this run (one record per unit)."""
-    hidden = _hidden(secrets)
+    masker = Masker(secrets)
     found: dict[tuple[str, str], Unhealthy] = {}
     for result in summary.results:
         if result.status != "failed" or result.ignored:
@@ -149,7 +138,7 @@ def from_run(summary: RunView, secrets: Iterable[str] = ()) -> list[Unhealthy]:
             output, target = probed
             group, index = target.get("group"), target.get("index")
             replica = f"{group}/{index}" if group and index is not None else target.get("name")
-            journal = _masked(_text(output.get("journal"), 65536), hidden).splitlines()
+            journal = masker.text(_text(output.get("journal"), 65536)).splitlines()
             unit = Unhealthy(
                 replica=_text(replica) or "unknown",
                 host=result.host,

@@ -100,6 +100,21 @@ def image(value: str) -> str:
     return value
 
 
+_IMAGE_ID = re.compile(r"^(?:sha256:)?([0-9a-f]{64})\Z")
+
+
+def image_id(value: str) -> str:
+    """An image ID as podman and docker print it (the digest of the image's config), as
+    ``sha256:`` and 64 hex digits."""
+    match = _IMAGE_ID.match(value)
+    if match is None:
+        raise ValueError(
+            f"{value!r} is not an image ID: use sha256: and 64 hex digits, as "
+            "`podman image inspect --format '{{.Id}}' IMAGE` prints it"
+        )
+    return f"sha256:{match.group(1)}"
+
+
 def host_path(value: str) -> str:
     if not _SAFE_PATH.match(value) or ".." in value.split("/"):
         raise ValueError(f"{value!r}: use {PATH_RULE}")

@@ -4,7 +4,7 @@
 #   start GROUP K     start the slot's unit
 #   stop GROUP K      stop it (the unit's ExecStop drains the worker)
 #   why GROUP K       its ActiveState= and NRestarts= lines, "--", then the last lines its own
-#                     processes wrote to the journal
+#                     processes wrote to the journal, the service's secret values masked (***)
 # Installed by the pd_worker role; the scaler's SSH key may run nothing else (authorized_keys
 # command=...), so every argument is checked against a strict pattern before use.
 #
@@ -13,7 +13,8 @@
 # runs itself through sudo, which allows exactly this script for this service.
 #
 # A Jinja2 template: the pd_worker role renders it with the plan's layout (pdctl/layout.py),
-# unitctl (where it is installed) and config_root (the services' config directories).
+# unitctl (where it is installed), config_root (the services' config directories) and
+# secrets_env (the name of a service's secrets file in its config directory).
 set -eu
 self={{ unitctl }}
 if [ "${1:-}" = "--ssh" ]; then
@@ -45,6 +46,38 @@ runtime() {
     if command -v podman >/dev/null 2>&1; then echo podman; else echo docker; fi
 }
 
+# Copy stdin to stdout with each value of the secrets file $1 (NAME=value lines, root's, 0600)
+# replaced by ***: the journal lines leave this host, the only one that knows the values,
+# masked (the scaler keeps them in its own journal on the router host). Values are read as
+# data (getline, index, substr: no pattern, no escape), longest first; shorter than 4 are left.
+mask_secrets() {
+    awk -v file="$1" '
+        BEGIN {
+            while ((getline line < file) > 0) {
+                at = index(line, "=")
+                value = substr(line, at + 1)
+                if (at > 0 && length(value) >= 4) secret[++n] = value
+            }
+            for (i = 1; i <= n; i++)
+                for (j = i + 1; j <= n; j++)
+                    if (length(secret[j]) > length(secret[i])) {
+                        t = secret[i]; secret[i] = secret[j]; secret[j] = t
+                    }
+        }
+        {
+            text = $0
+            for (i = 1; i <= n; i++) {
+                out = ""
+                while ((at = index(text, secret[i])) > 0) {
+                    out = out substr(text, 1, at - 1) "***"
+                    text = substr(text, at + length(secret[i]))
+                }
+                text = out text
+            }
+            print text
+        }'
+}
+
 case "$verb" in
     states)
         rt=$(runtime)
@@ -63,7 +96,8 @@ case "$verb" in
         shift 2; slot_args "$@"
         systemctl show --property=ActiveState,NRestarts "$unit"
         echo --
-        exec journalctl "_SYSTEMD_UNIT=$unit" --lines 15 --no-pager --output cat
+        journalctl "_SYSTEMD_UNIT=$unit" --lines 15 --no-pager --output cat \
+            | mask_secrets {{ config_root }}/"$service"/{{ secrets_env }}
         ;;
     *) echo "unknown verb: $verb" >&2; exit 2 ;;
 esac

@@ -133,6 +133,17 @@ CASES: list[tuple[str, str, str]] = [
     ("volume-mode", sub("port: 8000\n", "port: 8000\nvolumes: ['/a:/b:rw,z']\n"), "volumes[0]"),
     ("volume-space", sub("port: 8000\n", "port: 8000\nvolumes: ['/a b:/b']\n"), "volumes[0]"),
     ("wheelhouse-path", sub("pdctl:\n", "pdctl:\n  wheelhouse: ../wheels\n"), "pdctl.wheelhouse"),
+    # An image ID pinned: 64 hex digits, and one per image.
+    ("image-id-bad", sub("pdctl:\n", "pdctl:\n  image_id: sha256:../x\n"), "pdctl.image_id"),
+    (
+        "image-id-twice",
+        sub(
+            "    resources:\n      gpu: MI300X:4\n  - count: 1\n",
+            f"    resources:\n      gpu: MI300X:4\n    pdctl:\n      image_id: {'a' * 64}\n"
+            f"  - count: 1\n    pdctl:\n      image_id: {'b' * 64}\n",
+        ),
+        "replicas[2].pdctl.image_id",
+    ),
     # Ports, GPUs, counts.
     ("port-range", sub("port: 8000\n", "port: 70000\n"), "port"),
     ("port-zero", sub("port: 8000\n", "port: 0\n"), "port"),
@@ -381,6 +392,36 @@ def test_hostile_spec_is_refused_cleanly(
 
 
 PLACEMENT_CASES = {"worker-ports-past-65535", "bootstrap-inside-worker-range"}
+
+
+@pytest.mark.parametrize(
+    "value", ["hf_secret_value\r", "hf_secret\r\nvalue", "hf_secret_value\x1b"]
+)
+def test_a_secret_with_a_control_character_is_refused_at_plan_time_and_never_shown(
+    home: Path, listener: socket.socket, tmp_path: Path, value: str
+) -> None:
+    """A CRLF env file's value would reach an HTTP header (the hub token) and be quoted back
+    in an error: refused before any host is contacted, without a word of the value."""
+    _drain(listener)
+    spec = tmp_path / "pd.yml"
+    spec.write_text(BASE)
+    for command in (("deploy", "-y"), ("prefetch",)):
+        proc = pdctl(
+            home,
+            command[0],
+            str(spec),
+            "--fleet",
+            "f",
+            *command[1:],
+            check=False,
+            timeout=60,
+            env={"HF_TOKEN": value},
+        )
+        assert proc.returncode == 3, (proc.stdout, proc.stderr)
+        assert "env[0]: your environment's HF_TOKEN holds" in proc.stderr, proc.stderr
+        assert "hf_secret" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # no host was contacted
 
 
 def test_json_error_names_file_line_and_field(home: Path, tmp_path: Path) -> None:

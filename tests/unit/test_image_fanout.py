@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import http.client
 import io
-import json
 import subprocess
 import sys
 import urllib.error
@@ -19,13 +19,16 @@ from typing import Any
 
 import pytest
 
-from pdctl import hf_layout, image_fetch, image_prefetch, model_fetch, prefetch
+from pdctl import image_fetch, image_prefetch, peer_auth, prefetch
 from pdctl.errors import HostError
+from tests.unit import runtime_stand_in as stand_in
 from tests.unit.test_model_cache_plan import LAB, plan_of
 
 IMAGE = "localhost/pdctl-lab/sglang-rocm:0.5.4-lab"
 OTHER = "lmsysorg/sglang:v0.5.5"
-ID = "a" * 64
+SIZE = 3 << 20
+LAYER = b"x" * SIZE
+ID = hashlib.sha256(stand_in.config_of([LAYER])).hexdigest()  # the image hosts hold as IMAGE
 
 
 def rounds(holders: list[str], pending: list[str]) -> list[list[tuple[str, str]]]:
@@ -77,6 +80,18 @@ def test_the_plan_images_are_the_groups_per_slot_host_and_digests_are_left_to_pu
     assert not image_prefetch.fanned_out(f"{OTHER}@sha256:{'b' * 64}")
 
 
+def test_the_plan_pins_the_image_ids_the_spec_names_per_image(tmp_path: Path) -> None:
+    assert image_prefetch.plan_pins(plan_of(LAB, tmp_path)) == {}
+    pinned = LAB.replace("pdctl:\n", f"pdctl:\n  image_id: sha256:{ID}\n", 1)
+    assert image_prefetch.plan_pins(plan_of(pinned, tmp_path)) == {IMAGE: ID}
+    own = pinned.replace(
+        "    resources:\n      gpu: MI300X:4\n\nport",
+        f"    image: {OTHER}\n    resources:\n      gpu: MI300X:4\n"
+        f"    pdctl:\n      image_id: {'c' * 64}\n\nport",
+    )
+    assert image_prefetch.plan_pins(plan_of(own, tmp_path)) == {IMAGE: ID, OTHER: "c" * 64}
+
+
 @pytest.mark.parametrize(
     "ref",
     ["-oProxyCommand=x", "--output=/etc/passwd", "a b", "a;rm -rf /", "a\nb", "", "$(id)", 7],
@@ -109,15 +124,17 @@ def test_image_ids_are_64_hex_digits(value: object) -> None:
     assert image_fetch.image_id_hex("sha256:" + ID) == image_fetch.image_id_hex(ID) == ID
 
 
-def test_a_loaded_image_is_the_same_by_its_id_or_under_docker_by_its_layers() -> None:
-    held = {"id": ID, "layers": ["sha256:" + "1" * 64], "size": 1}
-    assert image_fetch.same_image(held, dict(held), {"podman"})
-    other_id = {**held, "id": "b" * 64}
-    assert not image_fetch.same_image(held, other_id, {"podman"})
-    # docker's containerd store names an image by a manifest digest that save may rewrite
-    assert image_fetch.same_image(held, other_id, {"podman", "docker"})
-    other_layers = {**other_id, "layers": ["sha256:" + "2" * 64]}
-    assert not image_fetch.same_image(held, other_layers, {"docker"})
+def test_a_loaded_image_is_the_expected_one_by_its_id_or_in_docker_by_the_checked_layers() -> None:
+    layers = ["sha256:" + "1" * 64]
+    loaded = {"id": ID, "layers": layers, "size": 1}
+    assert image_fetch.same_image(ID, loaded, "podman")
+    other_id = {**loaded, "id": "b" * 64}
+    assert not image_fetch.same_image(ID, other_id, "podman")
+    # docker's containerd store names an image by a manifest digest: the layers of the archive
+    # this host checked (its config had the expected digest) must be what it loaded
+    assert image_fetch.same_image(ID, other_id, "docker", layers)
+    assert not image_fetch.same_image(ID, other_id, "docker")  # no archive checked: a pull
+    assert not image_fetch.same_image(ID, other_id, "docker", ["sha256:" + "2" * 64])
 
 
 def test_a_runtime_that_is_not_podman_or_docker_is_refused() -> None:
@@ -136,13 +153,18 @@ class Held:
         self.server.start()
 
     def get(self, image: str = ID, secret: str = "s3cret") -> int:
-        url = f"http://127.0.0.1:{self.server.port}/images/{image}"
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
+        where = f"127.0.0.1:{self.server.port}"
+        signed = peer_auth.sign_request(secret, "GET", where, f"/images/{image}")
+        req = urllib.request.Request(
+            f"http://{where}/images/{image}", headers={"Authorization": signed}
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return exc.code
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError):
+            return 0  # closed without an answer
 
 
 def test_the_peer_serves_no_image_its_request_did_not_name() -> None:
@@ -159,15 +181,15 @@ def test_the_peer_serves_no_image_its_request_did_not_name() -> None:
         assert unnamed.get() == 404
     finally:
         unnamed.server.stop()
-    stranger = Held(["192.0.2.1"])  # not a host of the fleet
+    stranger = Held(["192.0.2.1"])  # not a host of the fleet: closed, never answered
     try:
-        assert stranger.get() == 403
+        assert stranger.get() == 0
     finally:
         stranger.server.stop()
 
 
 def test_a_host_takes_only_an_image_of_its_request_from_a_known_source() -> None:
-    peer = {"kind": "peer", "url": "http://10.0.0.12:4321/", "expect": {"id": ID}}
+    peer = {"kind": "peer", "url": "http://10.0.0.12:4321/", "expect": {"id": ID, "size": 9}}
     assert image_fetch.check_take({"take": IMAGE, "source": peer}, [IMAGE]) == (
         IMAGE,
         {**peer, "url": "http://10.0.0.12:4321"},
@@ -180,7 +202,15 @@ def test_a_host_takes_only_an_image_of_its_request_from_a_known_source() -> None
         ({"take": IMAGE, "source": {"kind": "ftp"}}, "not an image source"),
         ({"take": IMAGE, "source": {**peer, "url": "file:///etc/passwd"}}, "not a peer's URL"),
         ({"take": IMAGE, "source": {**peer, "url": "http://h:1/x?y"}}, "not a peer's URL"),
-        ({"take": IMAGE, "source": {**peer, "expect": {"id": "../x"}}}, "not an image ID"),
+        (
+            {"take": IMAGE, "source": {**peer, "expect": {"id": "../x", "size": 1}}},
+            "not an image ID",
+        ),
+        ({"take": IMAGE, "source": {**peer, "expect": {"id": ID}}}, "not an image size"),
+        (
+            {"take": IMAGE, "source": {**peer, "expect": {"id": ID, "size": -1}}},
+            "not an image size",
+        ),
         ({"take": IMAGE, "source": {"kind": "archive", "path": "a.tar"}}, "not an absolute"),
         ({"take": IMAGE, "source": {"kind": "archive", "path": "/a/../b"}}, "not an absolute"),
     ]
@@ -190,10 +220,10 @@ def test_a_host_takes_only_an_image_of_its_request_from_a_known_source() -> None
 
 
 def test_the_shipped_modules_share_no_top_level_name() -> None:
-    """hf_layout, model_fetch and image_fetch run as one script on the hosts: a name defined
-    twice would silently take the other's place there."""
+    """The shipped modules run as one script on the hosts: a name defined twice would silently
+    take the other's place there."""
     seen: dict[str, str] = {}
-    for module in (hf_layout, model_fetch, image_fetch):
+    for module in prefetch._SHIPPED:
         tree = ast.parse(Path(module.__file__ or "").read_text())
         for node in tree.body:
             names: list[str] = []
@@ -243,54 +273,35 @@ def test_an_image_pinned_by_digest_is_left_to_each_host() -> None:
 
 # ---------------------------------------------------------------- the fan-out, end to end
 # Each "host" is python3 started with pdctl's loader (as over SSH) and its own image store. Its
-# runtime is a stand-in for podman's command line as docs/facts.md describes it (image exists,
-# image inspect, save to stdout, load from stdin, pull): this machine has no container runtime.
-# The lab test runs the real podman.
-STAND_IN = """
-import hashlib, json, os, sys
-store = os.environ["STAND_IN_STORE"]
-args = [a for a in sys.argv[1:] if a not in ("--quiet", "--format", "docker-archive")]
-def path(ref): return os.path.join(store, hashlib.sha256(ref.encode()).hexdigest())
-if args[:2] == ["image", "exists"]:
-    sys.exit(0 if os.path.exists(path(args[2])) else 1)
-if args[:2] == ["image", "inspect"]:
-    if not os.path.exists(path(args[2])): sys.exit(125)
-    doc = json.load(open(path(args[2])))
-    print(json.dumps([{"Id": doc["id"], "RootFS": {"Layers": doc["layers"]}, "Size": doc["size"]}]))
-    sys.exit(0)
-if args[0] == "save":
-    doc = json.load(open(path(args[1])))
-    sys.stdout.buffer.write(json.dumps({**doc, "ref": args[1]}).encode() + b"\\n")
-    sys.stdout.buffer.write(b"x" * doc["size"])
-    sys.exit(0)
-if args[0] == "load":
-    head = json.loads(sys.stdin.buffer.readline())
-    body = sys.stdin.buffer.read()
-    if len(body) != head["size"]: sys.exit("short archive")
-    if os.environ.get("STAND_IN_REBUILD"): head["id"] = "f" * 64  # another image, same name
-    json.dump(head, open(path(head.pop("ref")), "w"))
-    sys.exit(0)
-if args[0] == "pull":
-    sys.exit("Error: initializing source docker://" + args[1] + ": connection refused")
-sys.exit("unknown: " + " ".join(sys.argv))
-"""
-SIZE = 3 << 20
+# runtime is a stand-in for podman's command line (tests/unit/runtime_stand_in.py: real
+# docker-archives, loads that apply every name the archive carries): this machine has no
+# container runtime. The lab test runs the real podman.
+STAND_IN = Path(__file__).with_name("runtime_stand_in.py")
 
 
 class StandInHost(prefetch.Channel):
-    def __init__(self, root: Path, rebuild: bool = False) -> None:
+    """A host whose runtime (``podman``, or ``docker``) is the stand-in; ``knobs``: what a
+    compromised host's runtime does instead (runtime_stand_in's environment)."""
+
+    def __init__(
+        self, root: Path, runtime: str = "podman", python: str = sys.executable, **knobs: str
+    ) -> None:
+        self.root = root
         binary = root / "bin"
         binary.mkdir(parents=True, exist_ok=True)
-        (binary / "podman").write_text(f"#!{sys.executable}\n{STAND_IN}")
-        (binary / "podman").chmod(0o755)
+        (binary / runtime).write_text(f'#!/bin/sh\nexec {sys.executable} {STAND_IN} "$@"\n')
+        (binary / runtime).chmod(0o755)
         (root / "store").mkdir(exist_ok=True)
+        (root / "tmp").mkdir(exist_ok=True)
         env = {
             "PATH": f"{binary}:/usr/bin:/bin",
             "STAND_IN_STORE": str(root / "store"),
-            **({"STAND_IN_REBUILD": "1"} if rebuild else {}),
+            "STAND_IN_RUNTIME": runtime,
+            "TMPDIR": str(root / "tmp"),  # where a take spools the archive
+            **knobs,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", prefetch._LOADER],
+            [python, "-c", prefetch._LOADER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -299,32 +310,49 @@ class StandInHost(prefetch.Channel):
         super().__init__(self.proc.stdin, self.proc.stdout, self.proc.stderr)
 
 
-def give(root: Path, ref: str = IMAGE) -> None:
-    store = root / "store"
-    store.mkdir(parents=True, exist_ok=True)
-    doc = {"id": ID, "layers": ["sha256:" + "1" * 64], "size": SIZE}
-    (store / hashlib.sha256(ref.encode()).hexdigest()).write_text(json.dumps(doc))
+def give(root: Path, ref: str = IMAGE, layer: bytes = LAYER, entrypoint: str = "/serve") -> str:
+    return stand_in.give(root / "store", ref, [layer], entrypoint)
+
+
+def names(root: Path) -> dict[str, str]:
+    """What each name in a host's store names (an image ID)."""
+    return stand_in.Store(root / "store").names
 
 
 def fan_out(
     tmp_path: Path,
-    names: list[str],
+    hosts: list[str],
     rebuild: frozenset[str] = frozenset(),
+    knobs: dict[str, dict[str, str]] | None = None,
+    runtimes: dict[str, str] | None = None,
+    pins: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     lines: list[str] = []
-    hosts: list[StandInHost] = []
+    started: list[StandInHost] = []
 
     def open_channel(host: str) -> prefetch.Channel:
-        hosts.append(StandInHost(tmp_path / host, rebuild=host in rebuild))
-        return hosts[-1]
+        extra = dict((knobs or {}).get(host, {}))
+        if host in rebuild:
+            extra["STAND_IN_REBUILD"] = "1"
+        runtime = (runtimes or {}).get(host, "podman")
+        started.append(StandInHost(tmp_path / host, runtime, **extra))
+        return started[-1]
 
     try:
         doc = image_prefetch.spread(
-            open_channel, dict.fromkeys(names, "127.0.0.1"), {IMAGE: names}, lines.append
+            open_channel,
+            dict.fromkeys(hosts, "127.0.0.1"),
+            {IMAGE: hosts},
+            lines.append,
+            pins=pins,
         )
+    except HostError as exc:
+        exc.lines = lines  # type: ignore[attr-defined]
+        raise
     finally:
-        for host in hosts:
+        for host in started:
             assert host.proc.wait(timeout=30) == 0, host.proc.stderr.read()  # type: ignore[union-attr]
+            assert not list((host.root / "tmp").iterdir())  # no spooled archive left behind
     return doc, lines
 
 
@@ -359,15 +387,19 @@ def test_one_holder_spreads_the_image_as_a_tree_through_the_real_host_script(
     assert {h["state"] for h in again[IMAGE]["hosts"].values()} == {"present"}
 
 
-def test_a_taker_that_loads_another_image_says_so_with_both_ids(tmp_path: Path) -> None:
+def test_a_taker_that_loads_another_image_says_so_with_both_ids_and_puts_the_name_back(
+    tmp_path: Path,
+) -> None:
     give(tmp_path / "h1")
+    rebuilt = hashlib.sha256(stand_in.config_of([LAYER], "/rebuilt")).hexdigest()
     with pytest.raises(HostError) as raised:
         fan_out(tmp_path, ["h1", "h2"], rebuild=frozenset({"h2"}))
     message = raised.value.one_line()
-    assert f"h2: {IMAGE} from h1: loaded another image than the source holds" in message
-    assert f"ID {'f' * 12}, the source's {ID[:12]}" in message
+    assert f"h2: {IMAGE} from h1: loaded another image than expected" in message
+    assert f"ID {rebuilt[:12]}, expected {ID[:12]}" in message
     assert "remove the stale ones (podman rmi" in message
     assert raised.value.details["images"][IMAGE]["hosts"]["h2"]["state"] == "failed"
+    assert names(tmp_path / "h2") == {}  # the name it loaded is gone again: it had none
 
 
 def test_no_holder_and_no_registry_names_the_first_host_the_cause_and_the_fix(
@@ -376,6 +408,7 @@ def test_no_holder_and_no_registry_names_the_first_host_the_cause_and_the_fix(
     with pytest.raises(HostError) as raised:
         fan_out(tmp_path, ["h1", "h2"])
     message = raised.value.one_line()
-    assert f"h1: {IMAGE} from registry: podman pull exited 1: Error: initializing source" in message
+    cause = "podman pull exited 125: Error: initializing source"
+    assert f"h1: {IMAGE} from registry: {cause}" in message
     assert "h2: " in message and "no source: h1 could not take it from the registry" in message
     assert "set pdctl.image_archive" in message

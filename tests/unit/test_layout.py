@@ -265,8 +265,14 @@ def test_pdctl_unitctl_is_rendered_from_the_layout() -> None:
     """One script serves every service of a host: it spells the names per service in shell,
     and they must be layout.py's."""
     root = MOVED.config_root
-    script = _render("pdctl-unitctl.sh", unitctl=layout.UNITCTL, config_root=root)
+    script = _render(
+        "pdctl-unitctl.sh",
+        unitctl=layout.UNITCTL,
+        config_root=root,
+        secrets_env=Path(Layout("x").config_file(layout.SECRETS_ENV)).name,
+    )
     assert f"\nself={layout.UNITCTL}\n" in script
+    assert f'{root}/"$service"/{layout.SECRETS_ENV}' in script  # why masks its values
     assert layout.slot_unit("$service", "$1", "$2") in script
     assert layout.slot_unit("$service", "$group", "$k") in script
     assert layout.container("$service", "$group", "$k") in script
