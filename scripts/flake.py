@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PATHS = ("tests/unit", "tests/cli")
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
-SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|error).*?) =+$", re.M)
+# pytest's closing line, with or without its === border (-q drops it)
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|errors?)\b.* in [\d.]+s.*?)\s*=*$", re.M)
 RUN_LIMIT_SECS = 1800  # one run of the unit and CLI tests takes about 2 minutes when loaded
 
 
