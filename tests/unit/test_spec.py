@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.commands import worker_script
 from pdctl.errors import InputError
-from pdctl.spec import Gpu, Range, SpecError, load, parse
+from pdctl.spec import Gpu, Range, SpecError, added_flags, load, parse
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"HF_TOKEN": "hf_value"}
@@ -310,8 +311,17 @@ def test_ttft_on_decode_and_itl_on_prefill_are_refused() -> None:
     assert "replicas[2].scaling.metric: ttft measures the prefill phase" in err.message
 
 
-def test_latency_scaling_needs_sglang_metrics() -> None:
+def test_latency_scaling_gets_sglang_metrics_added_not_refused() -> None:
+    """SGLang serves /metrics only with --enable-metrics: a group that scales on ttft or itl
+    gets it from pdctl (the plan says so), once, and only where it is missing."""
     text = latency("{metric: ttft, target: 500ms}").replace("--enable-metrics ", "")
-    err = error(text)
-    assert err.message.startswith("pd.yml:10: replicas[1].scaling.metric: ttft is read from")
-    assert "--enable-metrics" in str(err.hint)
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    prefill, decode = spec.group("prefill"), spec.group("decode")
+    assert added_flags(prefill) == ("--enable-metrics",) and added_flags(decode) == ()
+    script = worker_script(prefill.commands, "prefill", added_flags(prefill))
+    assert script.count("--enable-metrics") == 1
+    written, _ = parse(latency("{metric: ttft, target: 500ms}"), Path("pd.yml"), ENV)
+    assert added_flags(written.group("prefill")) == ()  # the spec has it already
+    rps, _ = parse(BASE, Path("pd.yml"), ENV)
+    assert added_flags(rps.group("prefill")) == ()  # rps is the router's: no worker metrics
+
