@@ -2,14 +2,17 @@
 
 Read from the words of one command (their values, quotes removed; pdctl/commands.py splits
 them), never by matching the raw text:
-- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py);
+- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py), over HTTP:
+  its gRPC mode (``--grpc-mode``, dstack's pd-grpc.dstack.yml) is refused, as pdctl does not
+  run SGLang's gRPC scheduler service;
 - vLLM over gRPC: ``vllm serve MODEL --grpc ...`` or ``python -m vllm.entrypoints.grpc_server``.
   SMG routes vLLM workers over gRPC only (docs/facts.md, "vLLM P/D behind SMG"), so a vLLM
   HTTP server (``vllm serve`` without ``--grpc``, the OpenAI api_server module) is refused.
 A vLLM worker's role comes from its ``--kv-transfer-config`` JSON: kv_producer is a prefill,
 kv_consumer a decode, kv_both says neither (the group's name or ``pdctl: {role: ...}`` must).
 The connector and role it names are sent to SMG in the worker's registration, so they are
-checked against a whitelist here.
+checked against a whitelist here; a ``kv_port`` (and ``kv_ip``) it sets is a listener the
+plan accounts for on each slot's host (pdctl/plan.py).
 """
 
 from __future__ import annotations
@@ -96,10 +99,10 @@ def find(values: list[str]) -> Launch | None:
             sglang_args = tuple(values[at + 1 :])
             if any(arg == GRPC_MODE or arg.startswith(f"{GRPC_MODE}=") for arg in sglang_args):
                 raise LaunchError(
-                    f"SGLang's {GRPC_MODE}: pdctl runs SGLang workers over HTTP, and cannot run "
-                    "them in gRPC mode",
-                    f"drop {GRPC_MODE} (and --enable-igw, --model-path from `smg launch`): the "
-                    "same workers then serve SMG over HTTP, as dstack's pd.dstack.yml does",
+                    f"SGLang workers in gRPC mode ({GRPC_MODE}): pdctl runs SGLang workers "
+                    "over HTTP only",
+                    f"drop {GRPC_MODE}: the same image then serves SMG over HTTP, as in "
+                    "dstack's pd.dstack.yml, and `smg launch` needs no --enable-igw",
                 )
             return Launch("sglang", at, args=sglang_args)
         if _VLLM_HTTP_MODULE.fullmatch(value):

@@ -941,7 +941,7 @@ def _wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held]
         span = ledger.clash(listener.host, listener.first, listener.last)
         if span is not None:
             raise _meets(plan.service, listener, span)
-        ledger.take(listener.host, listener.first, listener.last, listener.describe())
+        ledger.take(listener.host, listener.first, listener.last, _named(listener))
     notes: list[str] = []
     router = plan.router
     if "port" not in spec.model_fields_set:
@@ -999,6 +999,13 @@ def _free(ledger: Ledger, host: str, port: int, what: str, field: str | None) ->
     return found
 
 
+def _named(listener: Listener) -> str:
+    """A listener of this plan as a message names it: "the router (port)", "prefill/2's KV
+    connector (kv_port in --kv-transfer-config)"."""
+    service_wide = listener.what in {ROUTER, ROUTER_METRICS, SCALER_METRICS}
+    return f"the {listener.describe()}" if service_wide else listener.describe()
+
+
 def _meets(service: str, listener: Listener, span: Span) -> InputError:
     """A port the user set that meets another listener on its host: another service's
     (``span.held``) or another port the user set."""
@@ -1006,7 +1013,7 @@ def _meets(service: str, listener: Listener, span: Span) -> InputError:
     if not span.held:
         return InputError(
             f"{listener.host}: port {port} is wanted by {span.owner} and by "
-            f"{listener.describe()}, both set in the spec",
+            f"{_named(listener)}, both set in the spec",
             hint="set one of them to another port",
         )
     if listener.what == ROUTER:
