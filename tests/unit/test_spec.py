@@ -324,4 +324,3 @@ def test_latency_scaling_gets_sglang_metrics_added_not_refused() -> None:
     assert added_flags(written.group("prefill")) == ()  # the spec has it already
     rps, _ = parse(BASE, Path("pd.yml"), ENV)
     assert added_flags(rps.group("prefill")) == ()  # rps is the router's: no worker metrics
-
