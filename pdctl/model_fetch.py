@@ -463,6 +463,25 @@ def dir_manifest(root: str, repo: str, revision: str) -> dict[str, Any]:
     return check_manifest({"repo": repo, "commit": commit, "files": files})
 
 
+class HubRefused(RuntimeError):
+    """The hub refused the model's file list (401, 403, 404): the user's to fix. pdctl
+    classifies the status, the Hub's error code and its error text (pdctl/hub_errors.py)."""
+
+    def __init__(self, exc: urllib.error.HTTPError) -> None:
+        super().__init__(_reason(exc))
+        self.status = exc.code
+        self.code = exc.headers.get("X-Error-Code") if exc.headers else None
+        try:
+            body = json.loads(exc.read(4096) or b"{}")
+        except (OSError, ValueError):
+            body = {}
+        error = body.get("error") if isinstance(body, dict) else None
+        self.error = error if isinstance(error, str) else None
+
+    def report(self) -> dict[str, Any]:
+        return {"status": self.status, "code": self.code, "error": self.error}
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
@@ -709,6 +728,8 @@ class Session:
             )
         except (OSError, ValueError, http.client.HTTPException) as exc:
             if self.held is None:
+                if isinstance(exc, urllib.error.HTTPError) and exc.code in (401, 403, 404):
+                    raise HubRefused(exc) from exc
                 raise
             self.emit({"event": "warning", "message": f"the hub: {_reason(exc)}; kept the cache's"})
             return self.held
@@ -755,7 +776,8 @@ def _serve_session(stdin: Any, stdout: Any, request: dict[str, Any]) -> int:
             session.run(order)
         except (OSError, ValueError, RuntimeError, http.client.HTTPException) as exc:
             session.server.failed = True
-            session.emit({"event": "error", "message": _reason(exc)})
+            refused = {"hub": exc.report()} if isinstance(exc, HubRefused) else {}
+            session.emit({"event": "error", "message": _reason(exc), **refused})
             return 1
         finally:
             session.server.done.set()

@@ -26,7 +26,7 @@ from typing import Any
 
 import paramiko
 
-from pdctl import hf_layout, image_fetch, inventory, model_fetch, ssh
+from pdctl import hf_layout, hub_errors, image_fetch, inventory, model_fetch, ssh
 from pdctl import service as services
 from pdctl.errors import HostError
 from pdctl.plan import Plan
@@ -95,6 +95,7 @@ class HostRun:
     eta: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    hub: dict[str, Any] | None = None  # the hub's refusal, as the fetcher reported it
     cut_off: bool = False  # failed after the host it took the model from failed
     reported: float = field(default_factory=time.monotonic)  # the first line after a while
     manifest_ready: threading.Event = field(default_factory=threading.Event)
@@ -204,6 +205,7 @@ def _follow(run: HostRun, channel: Channel, progress: Progress) -> None:
                 return
             elif event == "error":
                 run.state, run.error = "failed", str(doc.get("message"))
+                run.hub = doc.get("hub") if isinstance(doc.get("hub"), dict) else None
                 return
     except (OSError, ValueError, KeyError, TypeError) as exc:
         run.state, run.error = "failed", f"lost the fetcher: {exc}"
@@ -266,6 +268,7 @@ def prefetch(
         retried = {r.name: r for r in again[1:]}
         runs = [retried.get(r.name, r) for r in runs]
     failed = [r for r in runs if r.state != "ready"]
+    _raise_hub_refusal(failed, request)
     if failed:
         raise HostError(
             "model prefetch failed: " + "; ".join(f"{r.name}: {r.error}" for r in failed),
@@ -279,6 +282,22 @@ def prefetch(
         "seconds": round(time.monotonic() - started, 2),
         "hosts": {r.name: r.report() for r in runs},
     }
+
+
+def _raise_hub_refusal(failed: list[HostRun], request: Request) -> None:
+    """The hub refused the model (no such model or revision, a token it does not accept):
+    one line the user acts on, not a host failure."""
+    for run in failed:
+        report = run.hub or {}
+        status, code, error = report.get("status"), report.get("code"), report.get("error")
+        if not isinstance(status, int) or not isinstance(code, str | None):
+            continue
+        found = hub_errors.describe(status, code, error if isinstance(error, str) else None)
+        refused = found and hub_errors.refusal(
+            found, request.endpoint, request.repo, request.revision, bool(request.token)
+        )
+        if refused:
+            raise refused
 
 
 def _fill(
