@@ -12,6 +12,7 @@ The script is ``set -e`` and then the commands, one per line, as written except 
   ``vllm serve ... --grpc`` or ``python -m vllm.entrypoints.grpc_server``: pdctl/launch.py)
   gets the slot's ports: ``--port $PDCTL_PORT``, ``--host $PDCTL_HOST`` unless a host is
   given and, for an SGLang prefill, ``--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT``;
+  and the flags the plan adds (``--enable-metrics`` for latency scaling: spec.added_flags);
 - the last command runs with ``exec``: it replaces the shell, so it is the container's
   PID 1 and gets the SIGTERM of a stop, on which SGLang drains (a shell as PID 1 would
   not pass the signal on).

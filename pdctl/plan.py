@@ -4,6 +4,8 @@ Every slot up to each group's max is planned now (the scaler only starts and
 stops planned slots); the min are started. A slot owns its GPUs, serving port
 and bootstrap port on its host. Services share a fleet: what the others hold
 (their GPUs and ports, spares included; the caller gathers it) is left alone.
+Ports are judged per host once the slots are placed (_wire_ports): the ports
+the spec sets stay, pdctl's own step past whatever else listens on the host.
 Deterministic: the same inputs give the same plan, byte for byte, so plans diff
 cleanly. The plan is also the extra-vars document of playbooks/deploy.yml.
 """

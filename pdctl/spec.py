@@ -2,8 +2,10 @@
 
 A file written for dstack (replica groups, scaling, resources, env, volumes,
 probes) is accepted unchanged; dstack fields with no meaning on bare metal
-(spot_policy, regions, ...) are accepted and ignored with a warning; anything
-else unknown is refused. Every error names the file, the line and the field.
+(spot_policy, regions, a router group's python, ...) are accepted and ignored (the
+plan's notes list them); anything else unknown is refused. Every error names the
+file, the line and the field. Ports are not judged here but per host, after
+placement (pdctl/plan.py): a dstack file may give the router and every worker one.
 PURE: no network, no disk beyond reading the file it is given.
 """
 
