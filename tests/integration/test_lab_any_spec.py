@@ -125,6 +125,9 @@ def test_deploy_serves_a_chat_request_through_the_router(deployment: Deployment)
     doc = deployment.deploy()
     assert doc["changed_hosts"] and doc["endpoint"].endswith(":30000")
     assert doc["model"]["repo"] == MODEL  # the hub made it on the first request
+    hub = deployment.lab.status()["hub"]
+    weights = hub["models"][MODEL]["bytes"] - (1 << 20)  # less config.json, tokenizer.json
+    assert hub["model_size"] == 64 << 20 and 63 << 20 < weights < 64 << 20
     answer = deployment.chat("hello from dstack")["choices"][0]["message"]["content"]
     assert answer.startswith("[decode ") and "hello from dstack" in answer
 
