@@ -386,6 +386,6 @@ def test_both_worker_groups_privileged_runs_them_privileged() -> None:
         "  - count: 1..2\n    scaling: {metric: rps, target: 2}\n    commands",
         "  - count: 1..2\n    scaling: {metric: rps, target: 2}\n" + group,
     )
-    text = text.replace("  - count: 1\n    commands", "  - count: 1\n" + group)  # fmt: skip
+    text = text.replace("  - count: 1\n    commands", "  - count: 1\n" + group)
     spec, _ = parse(text, Path("pd.yml"), ENV)
     assert spec.privileged is False and spec.workers_privileged is True
