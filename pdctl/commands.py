@@ -12,6 +12,7 @@ The script is ``set -e`` and then the commands, one per line, as written except 
   ``vllm serve ... --grpc`` or ``python -m vllm.entrypoints.grpc_server``: pdctl/launch.py)
   gets the slot's ports: ``--port $PDCTL_PORT``, ``--host $PDCTL_HOST`` unless a host is
   given and, for an SGLang prefill, ``--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT``;
+  and the flags the plan adds (``--enable-metrics`` for latency scaling: spec.added_flags);
 - the last command runs with ``exec``: it replaces the shell, so it is the container's
   PID 1 and gets the SIGTERM of a stop, on which SGLang drains (a shell as PID 1 would
   not pass the signal on).
@@ -88,8 +89,11 @@ HOST = "$PDCTL_HOST"
 BOOTSTRAP_PORT = "$PDCTL_BOOTSTRAP_PORT"
 
 
-def worker_script(commands: list[str], role: Literal["prefill", "decode"]) -> str:
-    """The group's commands as the container's shell script, wired to the slot's ports."""
+def worker_script(
+    commands: list[str], role: Literal["prefill", "decode"], add: tuple[str, ...] = ()
+) -> str:
+    """The group's commands as the container's shell script, wired to the slot's ports;
+    ``add``: flags (without values) the launch gets unless it has them (spec.added_flags)."""
     if not commands:
         raise CommandError(
             "the group has no commands",
@@ -108,7 +112,7 @@ def worker_script(commands: list[str], role: Literal["prefill", "decode"]) -> st
     for index, command in enumerate(parsed[:-1]):
         _check_not_exec(command, index)
     try:
-        final = _last_line(parsed[-1], role, found[1] if found is not None else None)
+        final = _last_line(parsed[-1], role, found[1] if found is not None else None, add)
     except CommandError as exc:
         raise exc.at(last) from None
     lines = ["set -e", *(command.text[: command.end] for command in parsed[:-1]), final]
@@ -251,11 +255,16 @@ def _plain(command: _Command, *, launch: str | None) -> _Simple:
 _Edit = tuple[int, int, str]
 
 
-def _last_line(command: _Command, role: Literal["prefill", "decode"], launch: Launch | None) -> str:
+def _last_line(
+    command: _Command,
+    role: Literal["prefill", "decode"],
+    launch: Launch | None,
+    add: tuple[str, ...],
+) -> str:
     simple = _plain(command, launch=launch.name if launch is not None else None)
     edits = _exec_edits(simple)
     if launch is not None:
-        edits += _port_edits(simple, role, launch)
+        edits += _port_edits(simple, role, launch, add)
     text = command.text[: command.end]
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
@@ -285,15 +294,17 @@ def _exec_edits(simple: _Simple) -> list[_Edit]:
     return [(first.start, first.start, "exec ")]
 
 
-def _port_edits(simple: _Simple, role: Literal["prefill", "decode"], launch: Launch) -> list[_Edit]:
+def _port_edits(
+    simple: _Simple, role: Literal["prefill", "decode"], launch: Launch, add: tuple[str, ...]
+) -> list[_Edit]:
     words = simple.words
     args = words[launch.at + 1 :]
+    appended = "".join(f" {flag}" for flag in add if not launch.has_flag(flag))
     wanted = [("--port", PORT, True), ("--host", HOST, False)]
     # vLLM's NIXL side channel takes its port from the environment (the slot's env file).
     if role == "prefill" and launch.engine == "sglang":
         wanted.append(("--disaggregation-bootstrap-port", BOOTSTRAP_PORT, True))
     edits: list[_Edit] = []
-    appended = ""
     for flag, value, replace in wanted:
         found = False
         for index, word in enumerate(args):

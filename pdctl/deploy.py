@@ -132,14 +132,17 @@ def write_plan_file(plan: Plan, path: Path) -> None:
 
 
 def plan_table(plan: Plan) -> list[tuple[str, ...]]:
+    """One row per listener owner: the router (its port, metrics and the scaler's), each
+    slot (its port, and its bootstrap, side channel and KV connector ports)."""
+    router = plan.router
     rows: list[tuple[str, ...]] = [
         (
             "router",
-            plan.router.host,
+            router.host,
             "-",
             "-",
-            f"{plan.router.port}",
-            "-",
+            f"{router.port}",
+            f"metrics {router.metrics_port}, scaler {plan.scaler_metrics_port}",
             layout.router_unit(plan.service),
             "start",
         )
@@ -151,13 +154,25 @@ def plan_table(plan: Plan) -> list[tuple[str, ...]]:
                 slot.host,
                 ",".join(map(str, slot.gpus)),
                 ",".join(slot.rdma_devices) or "-",
-                str(slot.port),
-                str(slot.bootstrap_port or "-"),
+                f"{slot.port}-{slot.port + plan.port_stride - 1}",
+                _other_ports(slot),
                 slot.unit(plan.service),
                 "start" if slot.start else "spare",
             )
         )
     return rows
+
+
+def _other_ports(slot: Slot) -> str:
+    def span(first: int) -> str:
+        return str(first) if len(slot.gpus) == 1 else f"{first}-{first + len(slot.gpus) - 1}"
+
+    parts = [f"bootstrap {slot.bootstrap_port}"] if slot.bootstrap_port is not None else []
+    if slot.side_channel_port is not None:
+        parts.append(f"side channel {span(slot.side_channel_port)}")
+    if slot.kv_port is not None:
+        parts.append(f"kv {span(slot.kv_port)}")
+    return ", ".join(parts) or "-"
 
 
 def diff(old: Plan | None, new: Plan) -> list[str]:

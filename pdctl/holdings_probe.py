@@ -7,8 +7,8 @@ pdctl appends one line, ``main(<JSON text>)``, with where things are (pdctl/layo
   router_units  the router units' glob, one '*' standing for the service
 
 For each service directory <config_root>/<service>/ it reads:
-  <group>-<k>.env  only the PDCTL_GPU_IDS, PDCTL_PORT, PDCTL_BOOTSTRAP_PORT and
-                   VLLM_NIXL_SIDE_CHANNEL_PORT lines (the
+  <group>-<k>.env  only the PDCTL_GPU_IDS, PDCTL_PORT, PDCTL_BOOTSTRAP_PORT,
+                   VLLM_NIXL_SIDE_CHANNEL_PORT and PDCTL_KV_PORT lines (the
                    directory also holds secrets: nothing else of any file leaves the host)
   scaler.json      the scaler's metrics port
 and of each router unit the words after --port and --prometheus-port. It prints one JSON
@@ -24,7 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SLOT_KEYS = ("PDCTL_GPU_IDS", "PDCTL_PORT", "PDCTL_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+SLOT_KEYS = (
+    "PDCTL_GPU_IDS",
+    "PDCTL_PORT",
+    "PDCTL_BOOTSTRAP_PORT",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "PDCTL_KV_PORT",
+)
 SLOT_FILE = re.compile(r"^(?:prefill|decode)-[0-9]+\.env\Z")
 ROUTER_FLAGS = ("--port", "--prometheus-port")
 

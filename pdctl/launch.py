@@ -2,18 +2,22 @@
 
 Read from the words of one command (their values, quotes removed; pdctl/commands.py splits
 them), never by matching the raw text:
-- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py);
+- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py), over HTTP:
+  its gRPC mode (``--grpc-mode``, dstack's pd-grpc.dstack.yml) is refused, as pdctl does not
+  run SGLang's gRPC scheduler service;
 - vLLM over gRPC: ``vllm serve MODEL --grpc ...`` or ``python -m vllm.entrypoints.grpc_server``.
   SMG routes vLLM workers over gRPC only (docs/facts.md, "vLLM P/D behind SMG"), so a vLLM
   HTTP server (``vllm serve`` without ``--grpc``, the OpenAI api_server module) is refused.
 A vLLM worker's role comes from its ``--kv-transfer-config`` JSON: kv_producer is a prefill,
 kv_consumer a decode, kv_both says neither (the group's name or ``pdctl: {role: ...}`` must).
 The connector and role it names are sent to SMG in the worker's registration, so they are
-checked against a whitelist here.
+checked against a whitelist here; a ``kv_port`` (and ``kv_ip``) it sets is a listener the
+plan accounts for on each slot's host (pdctl/plan.py).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -29,6 +33,8 @@ KV_ROLES: dict[str, Role | None] = {
     "kv_both": None,
 }
 KV_CONFIG_FLAG = "--kv-transfer-config"
+# SGLang's flag that makes a worker serve SMG over gRPC (dstack's pd-grpc.dstack.yml).
+GRPC_MODE = "--grpc-mode"
 _KV_EXAMPLE = f"""{KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'"""
 _KV_CONNECTOR = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 
@@ -67,6 +73,14 @@ class Launch:
     at: int  # the index of the word that names the server; its arguments follow it
     kv_connector: str | None = None  # vLLM: from --kv-transfer-config
     kv_role: str | None = None
+    # vLLM: the KV connector's own listener, when the config sets it (kv_port and kv_ip):
+    # a port the user chose, which pdctl accounts for on each slot's host (pdctl/plan.py).
+    kv_port: int | None = None
+    kv_ip: str | None = None
+    args: tuple[str, ...] = ()  # the values of the words after the server's name
+
+    def has_flag(self, flag: str) -> bool:
+        return any(arg == flag or arg.startswith(f"{flag}=") for arg in self.args)
 
     @property
     def name(self) -> str:
@@ -82,7 +96,15 @@ def find(values: list[str]) -> Launch | None:
     """The launch among a simple command's word values (None: it starts no server)."""
     for at, value in enumerate(values):
         if SGLANG_WORD.fullmatch(value):
-            return Launch("sglang", at)
+            sglang_args = tuple(values[at + 1 :])
+            if any(arg == GRPC_MODE or arg.startswith(f"{GRPC_MODE}=") for arg in sglang_args):
+                raise LaunchError(
+                    f"SGLang workers in gRPC mode ({GRPC_MODE}): pdctl runs SGLang workers "
+                    "over HTTP only",
+                    f"drop {GRPC_MODE}: the same image then serves SMG over HTTP, as in "
+                    "dstack's pd.dstack.yml, and `smg launch` needs no --enable-igw",
+                )
+            return Launch("sglang", at, args=sglang_args)
         if _VLLM_HTTP_MODULE.fullmatch(value):
             raise LaunchError(f"`{value}` starts vLLM's HTTP server", _GRPC_HINT)
         if _VLLM_GRPC_MODULE.fullmatch(value):
@@ -121,11 +143,41 @@ def _vllm(values: list[str], at: int) -> Launch:
             f"a vLLM P/D worker needs {KV_CONFIG_FLAG} (its KV connector and kv_role)",
             f"add {_KV_EXAMPLE} (kv_consumer for the decode group)",
         )
-    connector, role = _kv_config(raw)
-    return Launch("vllm", at, kv_connector=connector, kv_role=role)
+    connector, role, config = _kv_config(raw)
+    kv_port, kv_ip = _kv_listener(config)
+    return Launch(
+        "vllm",
+        at,
+        kv_connector=connector,
+        kv_role=role,
+        kv_port=kv_port,
+        kv_ip=kv_ip,
+        args=tuple(args),
+    )
 
 
-def _kv_config(raw: str) -> tuple[str, str]:
+def _kv_listener(config: dict[str, object]) -> tuple[int | None, str | None]:
+    """kv_port and kv_ip as the config sets them (None: it does not)."""
+    port = config.get("kv_port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+    ):
+        raise LaunchError(
+            f"{KV_CONFIG_FLAG} kv_port {port!r}: a TCP port, 1..65535", 'e.g. "kv_port": 14579'
+        )
+    address = config.get("kv_ip")
+    if address is not None:
+        try:
+            address = str(ipaddress.ip_address(address if isinstance(address, str) else ""))
+        except ValueError:
+            raise LaunchError(
+                f"{KV_CONFIG_FLAG} kv_ip {address!r}: an IP address",
+                'e.g. "kv_ip": "0.0.0.0"; leave it out to let vLLM pick its host\'s',
+            ) from None
+    return port, address
+
+
+def _kv_config(raw: str) -> tuple[str, str, dict[str, object]]:
     hint = f"write it as JSON in single quotes: {_KV_EXAMPLE}"
     if "$" in raw or "`" in raw:
         raise LaunchError(
@@ -151,4 +203,4 @@ def _kv_config(raw: str) -> tuple[str, str]:
             "(a letter, then letters, digits or '_')",
             "e.g. NixlConnector",
         )
-    return connector, role
+    return connector, role, config

@@ -11,12 +11,13 @@ host fetches and checks bytes against comes from here.
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.error
 from dataclasses import dataclass
 from typing import Any
 
-from pdctl import hf_layout, model_fetch
-from pdctl.errors import HostError
+from pdctl import hf_layout, hub_errors, model_fetch
+from pdctl.errors import HostError, InputError
 from pdctl.secret_mask import Masker
 
 
@@ -60,6 +61,9 @@ def from_hub(
     try:
         return model_fetch.hub_manifest(endpoint, repo, revision, token)
     except urllib.error.HTTPError as exc:
+        refused = _refusal(exc, endpoint, repo, revision, token)
+        if refused is not None:
+            raise refused from None
         raise HostError(
             masker.text(f"{what}: the hub {endpoint}: {model_fetch._reason(exc)}"),
             hint="check the model id, its revision and HF_TOKEN (a gated or private model)",
@@ -71,6 +75,23 @@ def from_hub(
         ) from None
     except (OSError, http.client.HTTPException):
         return None
+
+
+def _refusal(
+    exc: urllib.error.HTTPError, endpoint: str, repo: str, revision: str, token: str | None
+) -> InputError | None:
+    """The hub's 401, 403 or 404 for the model as the one line the user acts on (its model
+    id, its revision, HF_TOKEN): no host is to blame, and no disk (pdctl/hub_errors.py)."""
+    code = exc.headers.get("X-Error-Code") if exc.headers else None
+    try:
+        body = json.loads(exc.read(4096) or b"{}")
+    except (OSError, ValueError):
+        body = {}
+    error = body.get("error") if isinstance(body, dict) else None
+    found = hub_errors.describe(exc.code, code, error if isinstance(error, str) else None)
+    if found is None:
+        return None
+    return hub_errors.refusal(found, endpoint, repo, revision, bool(token))
 
 
 def agreed(claims: list[Claim], what: str, why_none: str) -> dict[str, Any]:

@@ -4,6 +4,8 @@ Every slot up to each group's max is planned now (the scaler only starts and
 stops planned slots); the min are started. A slot owns its GPUs, serving port
 and bootstrap port on its host. Services share a fleet: what the others hold
 (their GPUs and ports, spares included; the caller gathers it) is left alone.
+Ports are judged per host once the slots are placed (_wire_ports): the ports
+the spec sets stay, pdctl's own step past whatever else listens on the host.
 Deterministic: the same inputs give the same plan, byte for byte, so plans diff
 cleanly. The plan is also the extra-vars document of playbooks/deploy.yml.
 """
@@ -11,10 +13,12 @@ cleanly. The plan is also the extra-vars document of playbooks/deploy.yml.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
@@ -26,8 +30,19 @@ from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
 from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
 from pdctl.launch import Engine
 from pdctl.layout import Layout, Roots
-from pdctl.router_flags import IGW_FLAG, kept_flags, launch_line
-from pdctl.spec import DEFAULT_PORT_STRIDE, Env, Gpu, Probe, ReplicaGroup, Spec, image_pin
+from pdctl.port_ledger import MAX_PORT, Ledger, Span
+from pdctl.router_flags import IGW_FLAG, dropped_flags, kept_flags, launch_line
+from pdctl.spec import (
+    DEFAULT_PORT_STRIDE,
+    Env,
+    Gpu,
+    Probe,
+    ReplicaGroup,
+    Resources,
+    Spec,
+    added_flags,
+    image_pin,
+)
 from pdctl.versions import SMG_VERSION
 
 WorkerRole = Literal["prefill", "decode"]
@@ -87,6 +102,9 @@ class Slot(BaseModel):
     side_channel_port: int | None = None
     kv_connector: str | None = None
     kv_role: str | None = None
+    # vLLM: the first port of the KV connector's own listener when the command sets kv_port
+    # (its ranks take the next ones); the user's port, accounted for, never moved.
+    kv_port: int | None = None
 
     @property
     def name(self) -> str:
@@ -139,6 +157,8 @@ class Slot(BaseModel):
             # The address the other side's workers reach this host at (docs/facts.md).
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.address
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
+        if self.kv_port is not None:  # for other workspaces' plans (holdings_probe.py)
+            env["PDCTL_KV_PORT"] = str(self.kv_port)
         if self.rdma_devices:
             env["PDCTL_RDMA_DEVICES"] = ",".join(self.rdma_devices)
         if self.ucx_net_devices:
@@ -325,6 +345,14 @@ def side_channel_of(slot_name: str) -> str:
     return f"{slot_name}'s NIXL side channel"
 
 
+def kv_of(slot_name: str) -> str:
+    """What a vLLM slot's KV connector listener (kv_port) is called."""
+    return f"{slot_name}'s KV connector"
+
+
+KV_PORT_FIELD = "kv_port in --kv-transfer-config"
+
+
 def listeners(plan: Plan) -> list[Listener]:
     """Every port the plan listens on. A worker takes `port_stride` ports from its own on."""
     router = plan.router
@@ -362,6 +390,10 @@ def listeners(plan: Plan) -> list[Listener]:
                     "pdctl.ports.side_channel_base",
                 )
             )
+        if slot.kv_port is not None:
+            first = slot.kv_port
+            last = first + len(slot.gpus) - 1
+            found.append(Listener(slot.host, first, last, kv_of(slot.name), KV_PORT_FIELD))
     return found
 
 
@@ -406,7 +438,7 @@ def _config_hash(
         "env": env.plain,
         "secrets": env.secrets,
         "volumes": spec.volumes,
-        "privileged": spec.privileged,
+        "privileged": spec.workers_privileged,
         "gpus": gpus,
         "memlock": spec.pdctl.memlock,
     }
@@ -417,26 +449,8 @@ def _config_hash(
 
 def _fits(host: FleetHost, gpus: HostGpus, group: ReplicaGroup, spec: Spec) -> str | None:
     """Why a host cannot take this group's replicas (None: it can)."""
-    facts = host.facts or {}
-    resources = group.resources or spec.resources
     reason = gpus.mismatch(spec.gpus(group) or Gpu())
-    if reason is not None:
-        return reason
-    if (
-        resources
-        and resources.cpu
-        and resources.cpu.min
-        and (facts.get("cpus") or 0) < resources.cpu.min
-    ):
-        return f"{facts.get('cpus')} CPUs < {resources.cpu.describe()}"
-    if (
-        resources
-        and resources.memory
-        and resources.memory.min
-        and (facts.get("memory_gb") or 0) < resources.memory.min
-    ):
-        return f"{facts.get('memory_gb')} GB memory < {resources.memory.describe()}"
-    return None
+    return reason if reason is not None else _short_of(host, group.resources or spec.resources)
 
 
 def unusable(host: FleetHost) -> str | None:
@@ -461,17 +475,45 @@ def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
 
 
 def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
+    """pdctl.router.host, else the first CPU host (else GPU host) with the router group's
+    cpu and memory minimums."""
+    router = next((g for g in spec.replicas if g.role == "router"), None)
+    resources = router.resources if router else None
     wanted = spec.pdctl.router.host
     if wanted:
         chosen = next((h for h in hosts if wanted in {h.name, h.address}), None)
         if chosen is None:
             raise CheckFailed(f"pdctl.router.host {wanted!r} is not a healthy host of the fleet")
+        short = _short_of(chosen, resources)
+        if short:
+            raise CheckFailed(
+                f"pdctl.router.host {wanted}: {short}, the router group's resources",
+                hint="lower the router group's cpu/memory, or name another host",
+            )
         return chosen
     for kind in ("cpu", "gpu"):
-        chosen = next((h for h in hosts if h.kind == kind), None)
+        chosen = next((h for h in hosts if h.kind == kind and not _short_of(h, resources)), None)
         if chosen:
             return chosen
+    if hosts and resources:
+        have = ", ".join(f"{h.name}: {_short_of(h, resources)}" for h in hosts)
+        raise CheckFailed(
+            f"no healthy host has the router group's resources ({have})",
+            hint="lower the router group's cpu/memory, or add a host that has them",
+        )
     raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
+
+
+def _short_of(host: FleetHost, resources: Resources | None) -> str | None:
+    """What a host lacks of cpu and memory minimums (None: nothing)."""
+    facts = host.facts or {}
+    cpu = resources.cpu if resources else None
+    memory = resources.memory if resources else None
+    if cpu and cpu.min and (facts.get("cpus") or 0) < cpu.min:
+        return f"{facts.get('cpus')} CPUs < {cpu.describe()}"
+    if memory and memory.min and (facts.get("memory_gb") or 0) < memory.min:
+        return f"{facts.get('memory_gb')} GB memory < {memory.describe()}"
+    return None
 
 
 def build(
@@ -503,20 +545,64 @@ def build(
     candidates: dict[str, list[FleetHost]] = {
         role: _candidates(spec, role, fleet, gpus, excluded) for role in WORKER_ROLES
     }
-    shortfalls = _place(spec, groups, candidates, hosts, others)
+    shortfalls, placed = _place(spec, groups, candidates, hosts, others)
     _check_capacity(groups, shortfalls, _gpu_holders(others, candidates), allow_partial)
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
-    notes = _wire_slots(spec, env, groups, gpus)
+    notes = _spec_notes(spec) + _wire_slots(spec, env, groups, gpus)
     plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
     plan.volumes = model_cache.cache_volume(cache, _volumes(spec, fleet, plan.slots(), gpus))
     if cache is not None:
         plan.model_repo, plan.model_revision = cache.repo, cache.revision
         plan.model_cache = cache.cache
-    plan.notes = notes
-    plan.scaler_metrics_port = _scaler_port(plan, others)
+    _check_kv_ip(spec, placed)
+    plan.notes = notes + _wire_ports(spec, plan, placed, others)
     _check_listeners(plan, others)
     return plan
+
+
+def _spec_notes(spec: Spec) -> list[str]:
+    """What the plan runs otherwise than the spec's text says: flags pdctl adds to a launch
+    or drops from the router's, dstack settings that mean nothing here."""
+    notes = []
+    for role in WORKER_ROLES:
+        group = spec.group(role)
+        for flag in added_flags(group):
+            metric = group.scaling.metric if group.scaling else "latency"
+            notes.append(
+                f"{role}: {flag} added to its SGLang command (it scales on {metric}, which the "
+                "scaler reads from the workers' /metrics)"
+            )
+    router = next((g for g in spec.replicas if g.role == "router"), None)
+    line = launch_line(router.commands) if router else None
+    dropped = dropped_flags(line) if line else []
+    if dropped:
+        notes.append(
+            f"router: {', '.join(dropped)} left out of `smg launch` (SMG takes the tokenizer "
+            "from the workers)"
+        )
+    if spec.ignored:
+        notes.append(f"dstack settings pdctl does not use, ignored: {', '.join(spec.ignored)}")
+    return notes
+
+
+def _check_kv_ip(spec: Spec, placed: list[Slot]) -> None:
+    """A kv_ip the command fixes is the same for every slot of the group: it must be an
+    address each slot's host has (its own, loopback, or any)."""
+    for slot in placed:
+        launch = spec.group(slot.group).launch
+        address = launch.kv_ip if launch else None
+        if address is None or address == slot.address:
+            continue
+        parsed = ipaddress.ip_address(address)
+        if parsed.is_loopback or parsed.is_unspecified:
+            continue
+        raise InputError(
+            f"{slot.host}: {slot.name}'s --kv-transfer-config sets kv_ip {address}, which is "
+            f"not an address of that host ({slot.address}): every slot of the {slot.group} "
+            "group runs the same command, on hosts pdctl chooses",
+            hint="leave kv_ip out (vLLM takes its host's address) or set it to 0.0.0.0",
+        )
 
 
 def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> GroupPlan:
@@ -524,8 +610,8 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> 
     gpu = spec.gpus(group)
     per_replica = gpu.count if gpu else 1
     low, high = group.count
-    image = group.image or spec.image
-    script = worker_script(group.commands, role)
+    image = spec.image_of(group)
+    script = worker_script(group.commands, role, added_flags(group))
     return GroupPlan(
         role=role,
         engine=group.engine,
@@ -665,12 +751,13 @@ def _place(
     candidates: dict[str, list[FleetHost]],
     hosts: list[FleetHost],
     held: Sequence[Held],
-) -> list[str]:
-    """Put each slot on the host with the most free GPUs; the groups that ran out, each as
-    "role: N of M slots fit"."""
+) -> tuple[list[str], list[Slot]]:
+    """Put each slot on the host with the most free GPUs (its ports come later: _wire_ports);
+    the groups that ran out, each as "role: N of M slots fit", and the slots in the order
+    they were placed."""
     free = {h.name: _free_gpus(h, held) for h in hosts if h.kind == "gpu"}
-    positions: dict[str, int] = {}
     shortfalls: list[str] = []
+    placed: list[Slot] = []
     full: set[str] = set()
     for role, index in _order(groups):
         group_plan = groups[role]
@@ -686,27 +773,24 @@ def _place(
             full.add(role)
             continue
         gpus, free[host.name] = free[host.name][:per_replica], free[host.name][per_replica:]
-        nth = _free_position(spec, role, positions.get(host.name, 0), _ports_on(held, host.name))
-        positions[host.name] = nth + 1
-        port, bootstrap, side_channel = _slot_ports(spec, role, nth)
         launch = spec.group(role).launch
-        group_plan.slots.append(
-            Slot(
-                group=role,
-                index=index,
-                host=host.name,
-                address=host.address,
-                gpus=gpus,
-                port=port,
-                bootstrap_port=bootstrap,
-                start=index <= group_plan.min,
-                engine=group_plan.engine,
-                side_channel_port=side_channel,
-                kv_connector=launch.kv_connector if launch else None,
-                kv_role=launch.kv_role if launch else None,
-            )
+        slot = Slot(
+            group=role,
+            index=index,
+            host=host.name,
+            address=host.address,
+            gpus=gpus,
+            port=0,  # _wire_ports gives every slot its ports
+            bootstrap_port=None,
+            start=index <= group_plan.min,
+            engine=group_plan.engine,
+            kv_connector=launch.kv_connector if launch else None,
+            kv_role=launch.kv_role if launch else None,
+            kv_port=launch.kv_port if launch else None,
         )
-    return shortfalls
+        group_plan.slots.append(slot)
+        placed.append(slot)
+    return shortfalls, placed
 
 
 def _free_gpus(host: FleetHost, held: Sequence[Held]) -> list[int]:
@@ -714,10 +798,6 @@ def _free_gpus(host: FleetHost, held: Sequence[Held]) -> list[int]:
     count = int(((host.facts or {}).get("gpus") or {}).get("count") or 0)
     taken = {g for h in held if h.host == host.name for g in h.gpus}
     return [g for g in range(count) if g not in taken]
-
-
-def _ports_on(held: Sequence[Held], host: str) -> list[tuple[int, int]]:
-    return [h.ports for h in held if h.host == host and h.ports is not None]
 
 
 def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -742,21 +822,23 @@ def _slot_ports(spec: Spec, role: WorkerRole, nth: int) -> tuple[int, int | None
     )
 
 
-def _free_position(spec: Spec, role: WorkerRole, nth: int, taken: list[tuple[int, int]]) -> int:
-    """The first slot position from ``nth`` on whose worker ports (bootstrap, side channel)
-    no other service holds on the host. Ends: every position takes higher ports than the
-    last."""
-    gpus = spec.gpus(spec.group(role))
-    while True:
-        port, bootstrap, side_channel = _slot_ports(spec, role, nth)
-        wanted = [(port, port + spec.pdctl.ports.stride - 1)]
-        if bootstrap is not None:
-            wanted.append((bootstrap, bootstrap))
-        if side_channel is not None:
-            wanted.append((side_channel, side_channel + (gpus.count if gpus else 1) - 1))
-        if not any(_overlaps(a, b) for a in wanted for b in taken):
-            return nth
-        nth += 1
+def _position_spans(spec: Spec, role: WorkerRole, gpus: int, nth: int) -> list[tuple[int, int]]:
+    """The ports the nth slot position takes on a host: its worker range, bootstrap port and
+    side channel (every position's are above the one before's)."""
+    return [(first, last) for first, last, _what in _position_parts(spec, role, gpus, nth)]
+
+
+def _position_parts(
+    spec: Spec, role: WorkerRole, gpus: int, nth: int
+) -> list[tuple[int, int, str]]:
+    port, bootstrap, side_channel = _slot_ports(spec, role, nth)
+    parts = [(port, port + spec.pdctl.ports.stride - 1, "worker ports (pdctl.ports.base, stride)")]
+    if bootstrap is not None:
+        parts.append((bootstrap, bootstrap, "bootstrap port (pdctl.ports.bootstrap_base)"))
+    if side_channel is not None:
+        last = side_channel + gpus - 1
+        parts.append((side_channel, last, "NIXL side channel (pdctl.ports.side_channel_base)"))
+    return parts
 
 
 def _gpu_holders(held: Sequence[Held], candidates: dict[str, list[FleetHost]]) -> str:
@@ -812,7 +894,7 @@ def _plan(
         secret_names=env.secrets,
         secrets_digest=secrets_digest,
         volumes=list(spec.volumes),  # build() adds the provider library once slots are placed
-        privileged=spec.privileged,
+        privileged=spec.workers_privileged,
         memlock=settings.memlock,
         start_timeout=int(settings.start_timeout),
         stop_timeout=int(settings.stop_timeout),
@@ -833,31 +915,134 @@ def _plan(
     )
 
 
-def _scaler_port(plan: Plan, held: Sequence[Held]) -> int:
-    """The scaler's metrics port: SCALER_METRICS_PORT, or the next port that neither the
-    plan's other listeners nor another service (its scaler, say) takes on the router host.
-    Planned rather than set in the spec: it listens on 127.0.0.1 only, so no client needs
-    to know it beforehand, and a second service's router on the same host just works."""
-    host = plan.router.host
-    busy = [
-        (item.first, item.last)
-        for item in listeners(plan)
-        if item.host == host and item.what != SCALER_METRICS
-    ]
-    busy += _ports_on(held, host)
-    port = SCALER_METRICS_PORT
-    while any(first <= port <= last for first, last in busy):
-        port += 1
-    return port
+def _fixed_listeners(spec: Spec, plan: Plan, placed: list[Slot]) -> list[Listener]:
+    """The ports the user set, which pdctl never moves: the router's `port` and metrics port
+    when the spec gives them, and each vLLM slot's kv_port (its ranks' too)."""
+    router = plan.router
+    found = []
+    if "port" in spec.model_fields_set:
+        found.append(Listener(router.host, router.port, router.port, ROUTER, "port"))
+    if "metrics_port" in spec.pdctl.router.model_fields_set:
+        metrics = router.metrics_port
+        found.append(
+            Listener(router.host, metrics, metrics, ROUTER_METRICS, "pdctl.router.metrics_port")
+        )
+    for slot in placed:
+        if slot.kv_port is not None:
+            last = slot.kv_port + len(slot.gpus) - 1
+            found.append(Listener(slot.host, slot.kv_port, last, kv_of(slot.name), KV_PORT_FIELD))
+    return found
+
+
+def _wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held]) -> list[str]:
+    """Every listener's port, judged on its host: what other services hold there and the
+    ports the user set are entered first (two that meet are refused); every port pdctl picks
+    then steps past what is taken on its host: the router's and its metrics' defaults, each
+    slot's position (worker range, bootstrap, side channel) in placement order, the scaler's.
+    Returns the plan's notes on ports that moved from what the spec says."""
+    ledger = Ledger()
+    for item in held:
+        if item.ports is not None:
+            ledger.take(item.host, *item.ports, item.owner, held=True)
+    for listener in _fixed_listeners(spec, plan, placed):
+        span = ledger.clash(listener.host, listener.first, listener.last)
+        if span is not None:
+            raise _meets(plan.service, listener, span)
+        ledger.take(listener.host, listener.first, listener.last, _named(listener))
+    notes: list[str] = []
+    router = plan.router
+    if "port" not in spec.model_fields_set:
+        router.port = _free(ledger, router.host, router.port, ROUTER, "port")
+        if router.port != spec.port:
+            notes.append(
+                f"router: port {spec.port} is taken on {router.host}: the router listens on "
+                f"{router.port} (set `port` in the spec to choose)"
+            )
+        ledger.take(router.host, router.port, router.port, f"the {ROUTER}")
+    if "metrics_port" not in spec.pdctl.router.model_fields_set:
+        field = "pdctl.router.metrics_port"
+        router.metrics_port = _free(ledger, router.host, router.metrics_port, ROUTER_METRICS, field)
+        ledger.take(router.host, router.metrics_port, router.metrics_port, f"the {ROUTER_METRICS}")
+    positions: dict[str, int] = {}
+    for slot in placed:
+        nth = ledger.free_position(
+            slot.host,
+            positions.get(slot.host, 0),
+            partial(_position_spans, spec, slot.group, len(slot.gpus)),
+        )
+        if nth is None:
+            raise _past_the_end(spec, slot, positions.get(slot.host, 0))
+        positions[slot.host] = nth + 1
+        slot.port, slot.bootstrap_port, slot.side_channel_port = _slot_ports(spec, slot.group, nth)
+        for first, last in _position_spans(spec, slot.group, len(slot.gpus), nth):
+            ledger.take(slot.host, first, last, slot.name)
+    plan.scaler_metrics_port = _free(ledger, router.host, SCALER_METRICS_PORT, SCALER_METRICS, None)
+    return notes
+
+
+def _past_the_end(spec: Spec, slot: Slot, nth: int) -> InputError:
+    """No position from ``nth`` on fits below 65536 on the slot's host: say which of its
+    ports runs past the end first."""
+    while True:
+        parts = _position_parts(spec, slot.group, len(slot.gpus), nth)
+        past = [(last, what) for _first, last, what in parts if last > MAX_PORT]
+        if past:
+            last, what = max(past)
+            return InputError(
+                f"{slot.host}: no free ports for {slot.name}: its {what} would reach {last}, "
+                "past 65535",
+                hint="lower pdctl.ports.base, stride or the other bases, or the groups' max counts",
+            )
+        nth += 1
+
+
+def _free(ledger: Ledger, host: str, port: int, what: str, field: str | None) -> int:
+    found = ledger.free_port(host, port)
+    if found is None:
+        raise InputError(
+            f"{host}: no free port for the {what} from {port} up to 65535",
+            hint=f"set {field} in the spec" if field else "free ports on the host",
+        )
+    return found
+
+
+def _named(listener: Listener) -> str:
+    """A listener of this plan as a message names it: "the router (port)", "prefill/2's KV
+    connector (kv_port in --kv-transfer-config)"."""
+    service_wide = listener.what in {ROUTER, ROUTER_METRICS, SCALER_METRICS}
+    return f"the {listener.describe()}" if service_wide else listener.describe()
+
+
+def _meets(service: str, listener: Listener, span: Span) -> InputError:
+    """A port the user set that meets another listener on its host: another service's
+    (``span.held``) or another port the user set."""
+    port = max(listener.first, span.first)
+    if not span.held:
+        return InputError(
+            f"{listener.host}: port {port} is wanted by {span.owner} and by "
+            f"{_named(listener)}, both set in the spec",
+            hint="set one of them to another port",
+        )
+    if listener.what == ROUTER:
+        return InputError(
+            f"{listener.host}: the router of service {service} cannot listen on port {port}: "
+            f"{span.owner} does, and the router's port is the service's public endpoint, "
+            "so pdctl does not move it",
+            hint="set another `port` in the spec (or pdctl.router.host to another host)",
+        )
+    return InputError(
+        f"{listener.host}: port {port} for service {service}'s {listener.what} is taken by "
+        f"{span.owner}",
+        hint=f"set another {listener.field or 'port'} in the spec",
+    )
 
 
 def _check_listeners(plan: Plan, held: Sequence[Held]) -> None:
-    """No two listeners of the plan on one (host, port), none on a port another service
-    holds there, and every port a TCP port.
+    """What _wire_ports gave, checked once more as a whole: no two listeners of the plan on
+    one (host, port), none on a port another service holds there, every port a TCP port.
 
     A worker's port starts a range of `pdctl.ports.stride` ports: SGLang opens internal
-    ports from --port + 233. The router's, its metrics' and the scaler's ports and every
-    prefill's bootstrap port must stay out of every such range on their host.
+    ports from --port + 233, so every other listener on its host stays out of that range.
     """
     mine: dict[str, list[Listener]] = {}
     for listener in listeners(plan):
@@ -869,7 +1054,8 @@ def _check_listeners(plan: Plan, held: Sequence[Held]) -> None:
             for other in held:
                 span = (listener.first, listener.last)
                 if other.host == host and other.ports and _overlaps(span, other.ports):
-                    raise _taken(plan.service, listener, other, max(span[0], other.ports[0]))
+                    start = max(span[0], other.ports[0])
+                    raise _meets(plan.service, listener, Span(start, start, other.owner, True))
 
 
 def _check_own(host: str, spans: list[Listener]) -> None:
@@ -890,23 +1076,6 @@ def _check_own(host: str, spans: list[Listener]) -> None:
             )
         if previous is None or listener.last > previous.last:
             previous = listener
-
-
-def _taken(service: str, listener: Listener, other: Held, port: int) -> InputError:
-    """A listener of the spec on a port another service holds. Only the ports the spec sets
-    (the router's and its metrics') get here: pdctl places the others around what is held."""
-    if listener.what == ROUTER:
-        return InputError(
-            f"{listener.host}: the router of service {service} cannot listen on port {port}: "
-            f"{other.owner} does, and the router's port is the service's public endpoint, "
-            "so pdctl does not move it",
-            hint="set another `port` in the spec (or pdctl.router.host to another host)",
-        )
-    return InputError(
-        f"{listener.host}: port {port} for service {service}'s {listener.what} is taken by "
-        f"{other.owner}",
-        hint=f"set another {listener.field or 'port'} in the spec",
-    )
 
 
 def _provider_mount(spec: Spec, fleet: Fleet, host: str, gpus: HostGpus) -> str | None:

@@ -30,6 +30,11 @@ OWNED: dict[str, int] = {
     "--health-check-interval-secs": 1,
     "--shutdown-grace-period-secs": 1,
 }
+# Flags pdctl drops because it does that job another way: SMG takes the tokenizer from the
+# workers it routes (a vLLM worker's GetTokenizer; HTTP workers need none at the router), so
+# the router host needs no copy of the model and no hub access. dstack's gRPC files pass
+# `--model-path $MODEL_ID`: the value is dropped with the flag, never expanded.
+DROPPED: dict[str, int] = {"--model-path": 1, "--tokenizer-path": 1}
 # Makes SMG 1.13 route the gRPC workers registered through its API (docs/facts.md).
 IGW_FLAG = "--enable-igw"
 LAUNCH = re.compile(
@@ -81,15 +86,17 @@ def group_policy(flag: str, value: str) -> str:
 
 
 def _owned_abbreviation(flag: str) -> str | None:
-    if flag in OWNED or len(flag) < 4:
+    if flag in OWNED or flag in DROPPED or len(flag) < 4:
         return None
-    return next((owned for owned in OWNED if owned.startswith(flag)), None)
+    return next((owned for owned in (*OWNED, *DROPPED) if owned.startswith(flag)), None)
 
 
-def _check_word(word: str) -> None:
+def _check_word(word: str, dropped: bool = False) -> None:
     bad = control_char(word)
     if bad is not None:
         raise RouterFlagError(f"a router flag holds {describe_char(bad)}: {word!r}")
+    if dropped:  # a value that never reaches SMG
+        return
     if _SHELL_WORD.search(word):
         raise RouterFlagError(
             f"{word!r} in the router's launch line: pdctl starts SMG itself, not through a "
@@ -113,6 +120,15 @@ def _next(words: list[str], index: int) -> str:
 
 def kept_flags(line: str) -> list[str]:
     """The launch line's flags minus those pdctl sets (RouterFlagError: one it cannot pass)."""
+    return _scan(line)[0]
+
+
+def dropped_flags(line: str) -> list[str]:
+    """The DROPPED flags the launch line gives (pdctl's plan says it left them out)."""
+    return _scan(line)[1]
+
+
+def _scan(line: str) -> tuple[list[str], list[str]]:
     words = _words(line)
     start = next(
         (i for i, w in enumerate(words) if w == "launch" or w.endswith("launch_router")), None
@@ -120,21 +136,24 @@ def kept_flags(line: str) -> list[str]:
     if start is None:
         raise RouterFlagError("the router's launch line has no `smg launch`")
     kept: list[str] = []
+    dropped: list[str] = []
     i = start + 1
     while i < len(words):
         word = words[i]
-        _check_word(word)
         flag = word.split("=", 1)[0]
+        _check_word(word, dropped=flag in DROPPED)
         i += 1
         if flag in GROUP_POLICY_FLAGS:
             group_policy(flag, word.split("=", 1)[1] if "=" in word else _next(words, i))
-        if flag in OWNED:
-            take = OWNED[flag]
+        if flag in OWNED or flag in DROPPED:
+            take = OWNED.get(flag, DROPPED.get(flag, 0))
             if "=" not in word:
                 while take != 0 and i < len(words) and not words[i].startswith("--"):
-                    _check_word(words[i])
+                    _check_word(words[i], dropped=flag in DROPPED)
                     i += 1
                     take -= 1
+            if flag in DROPPED:
+                dropped.append(flag)
             continue
         kept.append(word)
-    return kept
+    return kept, dropped

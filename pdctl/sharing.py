@@ -29,6 +29,7 @@ from pdctl.plan import (
     Held,
     Plan,
     bootstrap_of,
+    kv_of,
     side_channel_of,
     unusable,
 )
@@ -151,6 +152,10 @@ def _slot(host: str, service: Any, stem: Any, values: Any) -> list[Held]:
     if side_channel:  # a vLLM slot's ranks take one port each from it (pdctl/plan.py)
         last = min(side_channel + max(len(gpus), 1) - 1, 65535)
         held.append(Held(service, host, side_channel_of(name), ports=(side_channel, last)))
+    kv_port = _port(values.get("PDCTL_KV_PORT"))
+    if kv_port:  # its ranks take the next ports, one per GPU (pdctl/plan.py)
+        last = min(kv_port + max(len(gpus), 1) - 1, 65535)
+        held.append(Held(service, host, kv_of(name), ports=(kv_port, last)))
     return held
 
 

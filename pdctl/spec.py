@@ -2,8 +2,10 @@
 
 A file written for dstack (replica groups, scaling, resources, env, volumes,
 probes) is accepted unchanged; dstack fields with no meaning on bare metal
-(spot_policy, regions, ...) are accepted and ignored with a warning; anything
-else unknown is refused. Every error names the file, the line and the field.
+(spot_policy, regions, a router group's python, ...) are accepted and ignored (the
+plan's notes list them); anything else unknown is refused. Every error names the
+file, the line and the field. Ports are not judged here but per host, after
+placement (pdctl/plan.py): a dstack file may give the router and every worker one.
 PURE: no network, no disk beyond reading the file it is given.
 """
 
@@ -74,6 +76,12 @@ IGNORED_DSTACK_FIELDS = frozenset(
         "description",
     }
 )
+# dstack replica-group settings with no meaning for pdctl's hosts, accepted and ignored.
+IGNORED_GROUP_FIELDS = frozenset({"spot_policy", "reservation"})
+# dstack replica-group settings that pick dstack's own base image (python, nvcc) or a
+# docker-in-docker one: meaningless for the router group, which pdctl runs from a pinned SMG
+# venv, not an image; a worker group without an `image` of its own or the service's cannot run.
+BASE_IMAGE_FIELDS = ("python", "nvcc", "docker")
 # At most this many slots (replicas up to each group's max) per service: each is planned,
 # written and probed at every deploy.
 MAX_SLOTS = 1024
@@ -489,7 +497,22 @@ class ReplicaGroup(Strict):
     resources: Resources | None = None
     router: Router | None = None
     image: Image | None = None
+    # dstack's base-image choices (BASE_IMAGE_FIELDS) and per-group privileged mode:
+    # _check_groups decides what each means for the group's role.
+    python: str | float | None = None
+    nvcc: bool | None = None
+    docker: bool | None = None
+    privileged: bool | None = None
     pdctl: GroupSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas_is_count(cls, data: Any) -> Any:
+        # dstack's own name for a group's count (`count` is its alias there too).
+        if isinstance(data, dict) and "replicas" in data:
+            data = {k: v for k, v in data.items() if k != "count"}
+            data["count"] = data.pop("replicas")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ReplicaGroup:
@@ -625,7 +648,8 @@ class PdctlSettings(Strict):
 class Spec(Strict):
     type: Literal["service"]
     name: Name
-    image: Image
+    # Optional as in dstack: worker groups may each name their own (_check_groups).
+    image: Image | None = None
     privileged: bool = False
     env: list[str] = Field(default_factory=list, max_length=1024)
     replicas: list[ReplicaGroup] = Field(min_length=1, max_length=16)
@@ -659,6 +683,19 @@ class Spec(Strict):
     def gpus(self, group: ReplicaGroup) -> Gpu | None:
         resources = group.resources or self.resources
         return resources.gpu if resources else None
+
+    def image_of(self, group: ReplicaGroup) -> str:
+        """The image a worker group runs (parse() checks that each has one)."""
+        image = group.image or self.image
+        assert image is not None
+        return image
+
+    @property
+    def workers_privileged(self) -> bool:
+        """Whether the worker containers run privileged: the groups' own setting, else the
+        service's (parse() checks that both worker groups agree)."""
+        group = self.group("prefill")
+        return self.privileged if group.privileged is None else group.privileged
 
 
 class Env(BaseModel):
@@ -763,6 +800,13 @@ def _strip_ignored(data: dict[str, Any]) -> list[str]:
     ignored = sorted(k for k in data if k in IGNORED_DSTACK_FIELDS)
     for key in ignored:
         del data[key]
+    groups = data.get("replicas")
+    for index, group in enumerate(groups if isinstance(groups, list) else []):
+        if not isinstance(group, dict):
+            continue
+        for key in sorted(k for k in group if k in IGNORED_GROUP_FIELDS):
+            del group[key]
+            ignored.append(f"replicas[{index}].{key}")
     return ignored
 
 
@@ -800,7 +844,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     _check_router(spec, path, located)
     _check_image_ids(spec, path, located)
     _check_commands(spec, path, located)
-    _check_ports(spec, path, located)
+    _check_slot_count(spec, path, located)
     env = resolve_env(env_items, path, environ)
     _check_engine_env(spec, env, path, located)
     return spec, env
@@ -909,6 +953,12 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
                 f"replicas[{index}].count",
                 "the router group runs exactly one replica (count: 1)",
             )
+    for index in roles["router"]:
+        # SMG runs from pdctl's pinned venv, not from an image or dstack's base image.
+        group = spec.replicas[index]
+        keys = (*BASE_IMAGE_FIELDS, "privileged", "image")
+        spec.ignored += [f"replicas[{index}].{k}" for k in keys if getattr(group, k) is not None]
+    _check_worker_images(spec, roles, path, located)
     for worker in ("prefill", "decode"):
         index = roles[worker][0]
         group = spec.replicas[index]
@@ -927,6 +977,51 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
                 f"replicas[{index}].resources.gpu",
                 f"the {worker} group must say how many GPUs a replica needs (e.g. gpu: MI300X:4)",
             )
+
+
+def _check_worker_images(
+    spec: Spec, roles: dict[str, list[int]], path: Path, located: Located
+) -> None:
+    """Each worker group runs an image (its own or the service's), as a plain container, and
+    both run with one privileged setting (the unit template's)."""
+    for worker in ("prefill", "decode"):
+        index = roles[worker][0]
+        group = spec.replicas[index]
+        where = f"replicas[{index}]"
+        if group.docker:
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index, "docker")),
+                f"{where}.docker",
+                "a docker-in-docker worker group: pdctl runs each worker as one container of "
+                "its image",
+                hint="remove `docker: true` and give the group the image that runs the server",
+            )
+        if group.image is None and spec.image is None:
+            chosen = next((k for k in BASE_IMAGE_FIELDS if getattr(group, k) is not None), None)
+            said = f" (`{chosen}` picks dstack's own base image)" if chosen else ""
+            raise SpecError(
+                path,
+                located.line_of(("replicas", index)),
+                f"{where}.image",
+                f"the {worker} group names no image to run{said}",
+                hint="set `image` in the group, or at the top of the file for every group",
+            )
+        for key in BASE_IMAGE_FIELDS:
+            if getattr(group, key) is not None:
+                spec.ignored.append(f"{where}.{key}")
+    groups = [spec.replicas[roles[w][0]] for w in ("prefill", "decode")]
+    settings = {spec.privileged if g.privileged is None else g.privileged for g in groups}
+    if len(settings) > 1:
+        index = roles["decode"][0]
+        raise SpecError(
+            path,
+            located.line_of(("replicas", index)),
+            f"replicas[{index}].privileged",
+            "the prefill and decode groups differ in `privileged`: pdctl runs both worker "
+            "groups with one setting",
+            hint="set `privileged` at the top of the file (or the same in both groups)",
+        )
 
 
 def _check_launches(spec: Spec, path: Path, located: Located) -> None:
@@ -1020,13 +1115,20 @@ def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
                 "worker serves no HTTP",
                 "scale the vLLM group on rps",
             )
-        script = " ".join(group.commands)
-        if "sglang" in script and "--enable-metrics" not in script:
-            raise refuse(
-                f"{scaling.metric} is read from the workers' /metrics, which SGLang serves "
-                "only with --enable-metrics",
-                "add --enable-metrics to the group's sglang.launch_server command",
-            )
+
+
+# SGLang serves /metrics only with this flag; pdctl adds it where a group scales on latency.
+METRICS_FLAG = "--enable-metrics"
+
+
+def added_flags(group: ReplicaGroup) -> tuple[str, ...]:
+    """Flags pdctl adds to a worker group's launch: --enable-metrics for an SGLang group that
+    scales on ttft or itl (the scaler reads them from the workers' /metrics) and lacks it."""
+    scaling = group.scaling
+    if scaling is None or scaling.metric not in LATENCY_METRICS or group.engine != "sglang":
+        return ()
+    launch = find_launch(group.commands)
+    return () if launch is None or launch.has_flag(METRICS_FLAG) else (METRICS_FLAG,)
 
 
 def _check_router(spec: Spec, path: Path, located: Located) -> None:
@@ -1061,6 +1163,10 @@ def _check_image_ids(spec: Spec, path: Path, located: Located) -> None:
         if group.role not in {"prefill", "decode"} or pin is None:
             continue
         image = group.image or spec.image
+        if (
+            image is None
+        ):  # refused elsewhere: a worker group needs an image of its own or the file's
+            continue
         first = pins.setdefault(image, (pin, index))
         if first[0] != pin:
             loc = ("replicas", index, "pdctl", "image_id")
@@ -1090,9 +1196,9 @@ def _check_commands(spec: Spec, path: Path, located: Located) -> None:
             ) from exc
 
 
-def _check_ports(spec: Spec, path: Path, located: Located) -> None:
-    """Slots within bounds, and the listeners every deploy has apart (the placement checks
-    each host's own: pdctl/plan.py)."""
+def _check_slot_count(spec: Spec, path: Path, located: Located) -> None:
+    """Slots within bounds. Ports are judged per host, after placement (pdctl/plan.py): in a
+    dstack file the router and every worker may well say the same port."""
     slots = sum(spec.group(role).count[1] for role in ("prefill", "decode"))
     if slots > MAX_SLOTS:
         raise SpecError(
@@ -1102,26 +1208,6 @@ def _check_ports(spec: Spec, path: Path, located: Located) -> None:
             f"{slots} prefill and decode replicas at most: pdctl plans up to {MAX_SLOTS}",
             hint="lower the groups' max counts",
         )
-    listeners = {
-        "port": spec.port,
-        "pdctl.router.metrics_port": spec.pdctl.router.metrics_port,
-        "pdctl.ports.base": spec.pdctl.ports.base,
-        "pdctl.ports.bootstrap_base": spec.pdctl.ports.bootstrap_base,
-    }
-    if spec.engine == "vllm":  # no bootstrap port; a NIXL side channel instead
-        del listeners["pdctl.ports.bootstrap_base"]
-        listeners["pdctl.ports.side_channel_base"] = spec.pdctl.ports.side_channel_base
-    seen: dict[int, str] = {}
-    for field, number in listeners.items():
-        if number in seen:
-            loc = tuple(field.split("."))
-            raise SpecError(
-                path,
-                located.line_of(loc),
-                field,
-                f"port {number} is also {seen[number]}: two listeners cannot share a port",
-            )
-        seen[number] = field
 
 
 def load(path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]:

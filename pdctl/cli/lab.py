@@ -40,9 +40,10 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     if hub:
         rate = f"{hub['rate']} B/s" if hub["rate"] else "uncapped"
         links = f"{doc['link_rate']} B/s" if doc.get("link_rate") else "uncapped"
+        made = f"{hub['model_size']} B" if hub.get("model_size") else "none (404)"
         app.out.line(
             f"model hub: {hub['endpoint']} ({hub['state']}; rate {rate}; host links {links}; "
-            f"models: {', '.join(hub['models']) or 'none'})"
+            f"models: {', '.join(hub['models']) or 'none'}; an unknown model: {made})"
         )
         for name, count in hub["downloads"].items():
             app.out.line(f"  downloaded {count}x: {name}")
@@ -84,6 +85,13 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
     "bytes/s: 10M, 1G; none: no cap. [default: as before; none at first]",
 )
 @click.option(
+    "--hub-model-size",
+    default=None,
+    help="The size of the model the hub makes when a spec names one it has never seen "
+    "(as the real hub would serve it): 64M, 1G; none: unknown models are 404. "
+    "[default: as before; 64M at first]",
+)
+@click.option(
     "--link-rate",
     default=None,
     help="Cap each host's link, both ways, in bytes/s: 100M; none: no cap. "
@@ -97,6 +105,7 @@ def up(
     gpus: tuple[str, ...],
     link_layer: LinkLayer,
     hub_rate: str | None,
+    hub_model_size: str | None,
     link_rate: str | None,
 ) -> None:
     """Boot (or converge to) N emulated hosts and the model hub. Idempotent."""
@@ -110,6 +119,7 @@ def up(
             link_layer,
             hub_rate=hub_rate,
             link_rate=link_rate,
+            hub_model_size=hub_model_size,
         )
     app.out.result(doc, lambda: _render_status(app, doc))
 

@@ -35,7 +35,7 @@ def _endpoint_line(app: App, doc: DeployResult | StatusResult | EndpointResult) 
 
 def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
     app.out.table(
-        ["slot", "host", "gpus", "nics", "port", "bootstrap", "unit", "at deploy"],
+        ["slot", "host", "gpus", "nics", "ports", "other ports", "unit", "at deploy"],
         deploys.plan_table(plan),
         title=f"plan: service {plan.service} on fleet {plan.fleet}",
     )

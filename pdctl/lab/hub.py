@@ -17,7 +17,10 @@ The lab's own additions: each GET of a resolve URL that starts at byte 0 (no ran
 range from 0) counts one download of ``REPO/PATH`` (a resumed tail does not), kept in
 ``ROOT/downloads.json`` and at ``GET /api/pdctl-lab/downloads``; ``ROOT/settings.json``
 (re-read when it changes) may set ``rate`` (bytes/s the hub serves in all, its uplink; null:
-no cap) and ``token`` (then every request needs ``Authorization: Bearer TOKEN``, else 401).
+no cap), ``token`` (then every request needs ``Authorization: Bearer TOKEN``, else 401) and
+``generate`` (bytes: a repository the hub has never seen is made on its first authorized
+request, as ``add`` makes one of that size, so any model a spec names is there, as on the
+real hub; null: unknown repositories are 404).
 
 Run it with ``python3 -m pdctl.lab.hub serve --root DIR --host ADDR --port PORT``; ``add``
 makes a model (hub_models.py). Standard library only.
@@ -45,6 +48,7 @@ from pdctl.lab.hub_models import (
     RepoFile,
     Store,
     add_model,
+    check_repo,
     parse_size,
 )
 
@@ -78,8 +82,10 @@ class Throttle:
 class HubState:
     """What every request handler shares: the store, the settings, counts, the throttle."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cache: Path | None = None) -> None:
         self.store = Store(root)
+        self.cache = cache or root / ".cache"  # where generated shards are made once
+        self._generating = threading.Lock()
         self.settings_file = root / "settings.json"
         self.downloads_file = root / "downloads.json"
         self.throttle = Throttle()
@@ -110,6 +116,23 @@ class HubState:
     def token(self) -> str | None:
         token = self.settings().get("token")
         return str(token) if token else None
+
+    def repo(self, repo_id: str) -> Repo | None:
+        """The repository, made on its first request when the settings say ``generate``
+        (None: unknown, or not a repository id)."""
+        found = self.store.get(repo_id)
+        size = self.settings().get("generate")
+        if found is not None or not size:
+            return found
+        with self._generating:  # one request makes it; the others wait and find it
+            found = self.store.get(repo_id)
+            if found is None:
+                try:
+                    found = add_model(self.store.root, check_repo(repo_id), int(size), self.cache)
+                except HubError:
+                    return None
+                sys.stderr.write(f"hub: made {repo_id} ({int(size)} bytes) on first request\n")
+        return found
 
     def record(self, key: str | None, sent: int) -> None:
         with self._lock:
@@ -220,7 +243,7 @@ class HubHandler(BaseHTTPRequestHandler):
             self._error(404, f"no such endpoint: {url.path}")
 
     def _repo(self, repo_id: str) -> Repo | None:
-        repo = self.hub.store.get(repo_id)
+        repo = self.hub.repo(repo_id)
         if repo is None:
             self._error(404, f"Repository Not Found for url: {self.path}", "RepoNotFound")
         return repo
@@ -345,13 +368,16 @@ class HubServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def make_server(root: Path, host: str = "127.0.0.1", port: int = 0) -> HubServer:
-    """A hub serving ``root`` (not yet serving: call serve_forever, e.g. in a thread)."""
+def make_server(
+    root: Path, host: str = "127.0.0.1", port: int = 0, cache: Path | None = None
+) -> HubServer:
+    """A hub serving ``root`` (not yet serving: call serve_forever, e.g. in a thread);
+    ``cache``: where models it generates keep their shards [ROOT/.cache]."""
 
     class BoundHubHandler(HubHandler):
         pass
 
-    BoundHubHandler.hub = HubState(root)
+    BoundHubHandler.hub = HubState(root, cache)
     return HubServer((host, port), BoundHubHandler)
 
 
@@ -360,14 +386,18 @@ def endpoint(server: HubServer) -> str:
     return f"http://{host!s}:{port}"
 
 
-def write_settings(root: Path, rate: float | None, token: str | None) -> None:
-    """The running hub picks these up within half a second."""
+def write_settings(
+    root: Path, rate: float | None, token: str | None, generate: int | None = None
+) -> None:
+    """The running hub picks these up within half a second. ``generate``: the size of the
+    models it makes on first request (None: it makes none)."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "settings.json"
     partial = path.with_name(".settings.json.partial")
     partial.touch(mode=0o600)
     partial.chmod(0o600)  # the token is a secret
-    partial.write_text(json.dumps({"rate": rate, "token": token}) + "\n")
+    doc = {"rate": rate, "token": token, "generate": generate}
+    partial.write_text(json.dumps(doc) + "\n")
     partial.replace(path)
 
 
@@ -387,6 +417,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port")
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    serve.add_argument("--cache", type=Path, help="where generated shards are kept [ROOT/.cache]")
     add = commands.add_parser("add", help="add a generated model to ROOT")
     add.add_argument("--root", type=Path, required=True)
     add.add_argument("--cache", type=Path, help="where generated shards are kept [ROOT/.cache]")
@@ -397,6 +428,9 @@ def _parser() -> argparse.ArgumentParser:
     settings.add_argument("--root", type=Path, required=True)
     settings.add_argument("--rate", default=None, help="bytes/s in all (10M, ...); none: no cap")
     settings.add_argument("--token-file", type=Path, default=None)
+    settings.add_argument(
+        "--generate", default=None, help="make unknown repositories of this size (64M); none"
+    )
     return parser
 
 
@@ -412,12 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "settings":
             rate = parse_size(args.rate) if args.rate and args.rate != "none" else None
             token = args.token_file.read_text().strip() if args.token_file else None
-            write_settings(args.root, rate, token)
+            generate = (
+                parse_size(args.generate) if args.generate and args.generate != "none" else None
+            )
+            write_settings(args.root, rate, token, generate)
             return 0
     except (HubError, OSError) as exc:
         sys.stderr.write(f"hub: {exc}\n")
         return 2
-    server = make_server(args.root, args.host, args.port)
+    server = make_server(args.root, args.host, args.port, args.cache)
     if args.port_file:
         args.port_file.write_text(f"{server.server_address[1]}\n")
     sys.stderr.write(f"hub: serving {args.root} at {endpoint(server)}\n")

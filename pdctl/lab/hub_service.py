@@ -2,7 +2,9 @@
 address ``<subnet>.2`` (not a host of the fleet), started by ``lab up``, stopped by ``lab down``.
 
 The hub's directory is ``<lab>/hub`` (hub_models.Store); generated shards are kept
-machine-wide under ``<cache>/hub`` so a model added again, in any lab, is not made again. The
+machine-wide under ``<cache>/hub`` so a model added again, in any lab, is not made again. A
+repository no one added is made on its first request (``lab up --hub-model-size``, 64 MiB by
+default), so a spec runs in the lab with the model it names, with no lab-only step. The
 hub caps its own serving rate (its settings file; the site's uplink); each host's link can
 be capped too, by a tbf qdisc on both ends of its veth (``--link-rate``).
 """
@@ -88,7 +90,7 @@ def is_running(state: LabState) -> bool:
 def ensure(state: LabState, lab_dir: Path) -> None:
     """Start the hub if it is not serving (with lab/tiny-llama in it); idempotent."""
     hub_models.ensure_tiny(root(lab_dir), model_cache())
-    hub.write_settings(root(lab_dir), state.hub_rate, _token(lab_dir))
+    hub.write_settings(root(lab_dir), state.hub_rate, _token(lab_dir), state.hub_model_size)
     if is_running(state):
         return
     stop(state)
@@ -111,6 +113,8 @@ def ensure(state: LabState, lab_dir: Path) -> None:
                 address(state),
                 "--port",
                 str(PORT),
+                "--cache",
+                str(model_cache()),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -141,11 +145,27 @@ def _token(lab_dir: Path) -> str | None:
 
 def set_rate(state: LabState, lab_dir: Path, rate: int | None) -> None:
     state.hub_rate = rate
-    hub.write_settings(root(lab_dir), rate, _token(lab_dir))
+    hub.write_settings(root(lab_dir), rate, _token(lab_dir), state.hub_model_size)
 
 
-def set_token(lab_dir: Path, rate: int | None, token: str | None) -> None:
-    hub.write_settings(root(lab_dir), rate, token)
+def set_token(state: LabState, lab_dir: Path, token: str | None) -> None:
+    hub.write_settings(root(lab_dir), state.hub_rate, token, state.hub_model_size)
+
+
+def parse_model_size(text: str) -> int | None:
+    """``64M`` -> bytes; ``none`` or ``0`` -> the hub makes no model on request."""
+    if text.strip().lower() in {"none", "0", ""}:
+        return None
+    try:
+        size = hub_models.parse_size(text)
+    except hub_models.HubError as exc:
+        raise InputError(f"not a size: {text!r}", hint="bytes: 64M, 1G; none") from exc
+    if not hub_models.MIN_SHARD <= size <= hub_models.MAX_SIZE:
+        raise InputError(
+            f"--hub-model-size {text}: between {hub_models.MIN_SHARD} bytes and "
+            f"{hub_models.MAX_SIZE >> 30}G"
+        )
+    return size
 
 
 def limit_link(state: LabState, host: LabHost, rate: int | None) -> None:
@@ -191,6 +211,7 @@ def status(state: LabState | None, lab_dir: Path) -> dict[str, Any] | None:
         "bytes_served": report["bytes_served"],
         "rate": settings.get("rate"),
         "token": bool(settings.get("token")),
+        "model_size": settings.get("generate"),
         "models": {
             repo.repo_id: {"revision": repo.sha, "bytes": repo.size, "files": len(repo.files)}
             for repo in store.all()

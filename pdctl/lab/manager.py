@@ -108,12 +108,17 @@ def up(
     link_layer: LinkLayer = "eth",
     hub_rate: str | None = None,
     link_rate: str | None = None,
+    hub_model_size: str | None = None,
 ) -> dict[str, Any]:
     """Boot (or converge to) the hosts and the hub. ``hub_rate``/``link_rate``: bytes/s
-    (``10M``; ``none``: no cap); None keeps the lab's current setting."""
+    (``10M``; ``none``: no cap); ``hub_model_size``: the size of the models the hub makes
+    on request (``64M``; ``none``: none); None keeps the lab's current setting."""
     gpus = list(gpus) or [DEFAULT_GPU]
     rates = {"hub_rate": hub_service.parse_rate(hub_rate) if hub_rate is not None else None}
     rates["link_rate"] = hub_service.parse_rate(link_rate) if link_rate is not None else None
+    model_size = (
+        hub_service.parse_model_size(hub_model_size) if hub_model_size is not None else None
+    )
     for gpu in gpus:
         if gpu not in LAB_GPUS:
             raise InputError(
@@ -153,6 +158,8 @@ def up(
             current.hub_rate = rates["hub_rate"]
         if link_rate is not None:
             current.link_rate = rates["link_rate"]
+        if hub_model_size is not None:
+            current.hub_model_size = model_size
         progress(f"starting the model hub at {hub_service.endpoint(current)}")
         hub_service.ensure(current, lab.dir)
         for host in current.hosts:
@@ -417,7 +424,7 @@ def hub_limit(workspace: Workspace, rate: str) -> dict[str, Any]:
 def hub_token(workspace: Workspace, token: str | None) -> dict[str, Any]:
     """Make the hub require ``Authorization: Bearer TOKEN`` (None: no token)."""
     lab, current = _running_lab(workspace, "pdctl lab hub token")
-    hub_service.set_token(lab.dir, current.hub_rate, token)
+    hub_service.set_token(current, lab.dir, token)
     return {"token": token is not None}
 
 

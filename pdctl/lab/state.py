@@ -127,6 +127,9 @@ class LabState(BaseModel):
     # ways (hub_service.py); None: no cap.
     hub_rate: int | None = None
     link_rate: int | None = None
+    # Bytes: the size of a model the hub makes when a repository it has never seen is asked
+    # for (hub.py, "generate"); None: unknown repositories are 404.
+    hub_model_size: int | None = 64 << 20
 
     @property
     def bridge(self) -> str:

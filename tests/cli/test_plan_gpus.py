@@ -69,10 +69,11 @@ def test_plan_shows_each_slots_nics(tmp_path: Path, port: int, listener: socket.
     spec.write_text(EXAMPLE.read_text().replace("gpu: H200", "gpu: H200:4"))
     text = pdctl(home, "plan", str(spec), "--fleet", "f", "--allow-partial", env=ENV).stdout
     cells = [_cells(line) for line in text.splitlines()]
-    header = next(row for row in cells if "bootstrap" in row)
-    assert header[:4] == ["slot", "host", "gpus", "nics"]
+    header = next(row for row in cells if "nics" in row)
+    assert header[:7] == ["slot", "host", "gpus", "nics", "ports", "other", "ports"]
     rows = {row[0]: row for row in cells if row and row[0].endswith("/1")}
     assert rows["prefill/1"][1:4] == ["gpu1", "0,1,2,3", "mlx5_0,mlx5_1,mlx5_2,mlx5_3"]
+    assert rows["prefill/1"][4:7] == ["30000-30999", "bootstrap", "8998"]  # each slot's ports
     assert rows["decode/1"][1:4] == ["gpu1", "4,5,6,7", "mlx5_4,mlx5_5,mlx5_6,mlx5_7"]
     assert "not used: gpu2: GPU model MI300X is not H200" in text
     doc = json.loads(

@@ -1,16 +1,21 @@
-"""A dstack file used unchanged deploys on the lab: no `pdctl:` key, `privileged: true`.
+"""dstack's own AMD P/D file, as published, deploys on the lab: no `pdctl:` key, `privileged:
+true`, the router and every worker on port 30000, the model the file names.
 
-The file is examples/pd-amd-mi300x.yml made lab-sized (the lab's image, two `MI300X:4`
-replicas a group, a tiny model, no model cache volume), privileged, without its `pdctl:` key:
-pdctl's defaults then ask for `--ulimit memlock=-1:-1` (RDMA), the router group says
-`pip install smg` on hosts without internet, and the workers run privileged. The lab grants
-what this machine can (its runtime clamps rlimits, reported as emulated) and the fleet
-carries the lab's wheelhouse. The tests run in file order and share one deployment.
+The file is tests/data/dstack/lab/amd-pd.dstack.yml: dstack's amd-pd.dstack.yml (SOURCES) with
+only its GPU count, cpu/memory minimums and image made lab-sized (a unit test checks that),
+deployed on `pdctl lab up --hosts 3 --cpu-hosts 1` with `fleet add` as `lab status` prints it
+and no other step: the lab's hub makes Qwen/Qwen2.5-72B-Instruct on its first request (as
+the real hub serves it), the fleet carries the lab's wheelhouse (`pip install smg` on hosts
+without internet), the router keeps its 30000 on the CPU host and each worker gets 30000 on
+its own host, pdctl's defaults ask for `--ulimit memlock=-1:-1` (RDMA) and the workers run
+privileged. The lab grants what this machine can (its runtime clamps rlimits, reported as
+emulated). The tests run in file order and share one deployment.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,27 +28,15 @@ import yaml
 from pdctl.lab.runtime import crun_clamp
 from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, start_lab
 
-SERVICE = "r1-70b"  # the example's own name
+SERVICE = "amd-sglang-pd-service"  # the file's own name
 CONF = f"/etc/pdctl/{SERVICE}"
 HOST_LIB = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
 CONTAINER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
 NODES = ("node1", "node2", "node3")
 # This machine's own verdict: the lab clamps only where rlimits cannot be raised.
 CLAMPED = not crun_clamp.can_raise(Path("/proc/self/status").read_text())
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pd-amd-mi300x.yml"
-MODEL = "lab/tiny-llama"
-
-
-def dstack_file(image: str) -> str:
-    """examples/pd-amd-mi300x.yml for two 8-GPU lab hosts, privileged, no `pdctl:` key."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    del doc["pdctl"]  # nothing pdctl-only: the file as dstack users write it
-    doc.update(image=image, privileged=True, model=MODEL)
-    doc["env"] = [f"MODEL_ID={MODEL}" if e.startswith("MODEL_ID=") else e for e in doc["env"]]
-    doc["volumes"] = [v for v in doc["volumes"] if v.startswith(HOST_LIB)]  # no model cache
-    for group in doc["replicas"][1:]:
-        group["count"] = "1..2"  # two 8-GPU hosts hold four MI300X:4 replicas
-    return str(yaml.safe_dump(doc, sort_keys=False))
+DSTACK_FILE = Path(__file__).resolve().parents[1] / "data" / "dstack" / "lab" / "amd-pd.dstack.yml"
+MODEL = "Qwen/Qwen2.5-72B-Instruct"  # the file's: SMG routes a request by its model
 
 
 @dataclass
@@ -74,10 +67,16 @@ class Deployment:
         return next(h["name"] for h in self.lab.status()["hosts"] if h["address"] == address)
 
     def chat(self, text: str) -> dict[str, Any]:
-        """Through the router, with its API key (in a root-only file on the router host)."""
+        """Through the router, with its API key (in a root-only file on the router host), once
+        SMG has health-checked the new workers (pdctl's default check interval, 10 s)."""
         key = self.root(self.router_node(), f"cat {CONF}/router.env").strip().split("=", 1)[1]
         endpoint = json.loads(self.pdctl("--json", "status", SERVICE))["endpoint"]
-        status, body = chat(endpoint, text, key, timeout=15)
+        deadline = time.monotonic() + 60
+        while True:
+            status, body = chat(endpoint, text, key, timeout=15, model=MODEL)
+            if status != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert status == 200, body
         return body
 
@@ -89,18 +88,17 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     lab = start_lab(home, hosts=3, cpu_hosts=1)
     status = lab.status()
     fleet = pdctl_json(home, *status["fleet_add"].split()[1:])
-    spec = home / "pd.yml"
-    spec.write_text(dstack_file(status["worker_image"]))
-    found = Deployment(lab=lab, spec=spec, token=f"hf_{uuid.uuid4().hex}", fleet=fleet)
+    found = Deployment(lab=lab, spec=DSTACK_FILE, token=f"hf_{uuid.uuid4().hex}", fleet=fleet)
     yield found
     pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
 
 
 def test_the_file_is_a_dstack_file_with_no_pdctl_settings(deployment: Deployment) -> None:
     doc = yaml.safe_load(deployment.spec.read_text())
-    assert "pdctl" not in doc and doc["privileged"] is True
+    assert "pdctl" not in doc and doc["privileged"] is True and doc["port"] == 30000
     router = doc["replicas"][0]["commands"]
     assert router[0] == "pip install smg" and router[1].startswith("smg launch ")
+    assert deployment.lab.status()["worker_image"] == doc["image"]  # the one lab-sized change
     settings = pdctl_json(deployment.lab.home, "fleet", "show", "lab")["settings"]
     assert settings["wheelhouse"] == deployment.lab.status()["wheelhouse"]  # the lab's settings
 
@@ -117,8 +115,19 @@ def test_preflight_says_what_the_lab_emulates(deployment: Deployment) -> None:
 
 
 def test_deploy_serves_a_chat_request_through_the_router(deployment: Deployment) -> None:
+    plan = json.loads(deployment.pdctl("--json", "plan", str(deployment.spec), "--fleet", "lab"))[
+        "plan"
+    ]
+    slots = [s for group in plan["groups"].values() for s in group["slots"]]
+    assert plan["router"]["port"] == 30000 and plan["notes"] == []
+    first = {s["host"]: s["port"] for s in slots if s["index"] == 1}
+    assert set(first.values()) == {30000}  # each host's first worker: 30000, as in the file
     doc = deployment.deploy()
-    assert doc["changed_hosts"] and doc["endpoint"].endswith(":8000")
+    assert doc["changed_hosts"] and doc["endpoint"].endswith(":30000")
+    assert doc["model"]["repo"] == MODEL  # the hub made it on the first request
+    hub = deployment.lab.status()["hub"]
+    weights = hub["models"][MODEL]["bytes"] - (1 << 20)  # less config.json, tokenizer.json
+    assert hub["model_size"] == 64 << 20 and 63 << 20 < weights < 64 << 20
     answer = deployment.chat("hello from dstack")["choices"][0]["message"]["content"]
     assert answer.startswith("[decode ") and "hello from dstack" in answer
 
@@ -160,7 +169,7 @@ def test_the_provider_library_is_mounted_into_the_workers(deployment: Deployment
             )
         )
         lib = next(m for m in mounts if m["Destination"] == CONTAINER_LIB)
-        assert lib["Source"] == HOST_LIB and lib["RW"] is False
+        assert lib["Source"] == HOST_LIB  # the file's own volume, as written (no `:ro`)
 
 
 def only_root_reads(chain: list[str]) -> bool:

@@ -36,6 +36,9 @@ class Deployed:
     token: str
     deploy: dict[str, Any]
     image_id: str  # the worker image on the one GPU host that held it
+    # The deploys run first with HF_TOKEN=wrong: (exit code, stderr) plain, and the --json doc.
+    wrong_token: tuple[int, str, dict[str, Any]]
+    units_after_wrong_token: dict[str, str]  # host -> its pd-* units then
 
     def json(self, *args: str) -> Any:
         return json.loads(pdctl(self.lab.home, "--json", *args, env=self.env).stdout)
@@ -101,12 +104,50 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         for host in others:
             lab.ssh(host["name"], f"podman rmi -f {IMAGE} >/dev/null", user="root", host=host)
             assert _image_id(lab, host) == ""
-        out = pdctl(home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", env=env).stdout
+        deploy = ("deploy", str(spec), "--fleet", "lab", "-y")
+        wrong = {"HF_TOKEN": "hf_wrong"}
+        plain = pdctl(home, "-q", *deploy, env=wrong, check=False)  # -q: no progress lines
+        as_json = pdctl(home, "--json", *deploy, env=wrong, check=False)
+        refused = (plain.returncode, plain.stderr, json.loads(as_json.stdout))
+        assert as_json.returncode == plain.returncode
+        units = {
+            host["name"]: lab.ssh(
+                host["name"], "systemctl list-units --all --no-legend 'pd-*'", user="root"
+            ).stdout
+            for host in lab.status()["hosts"]
+        }
+        out = pdctl(home, "--json", *deploy, env=env).stdout
         (home / "deploy.json").write_text(out)  # kept with the workspace: a failure's evidence
         doc = json.loads(out)
-        yield Deployed(lab=lab, env=env, token=token, deploy=doc, image_id=image_id)
+        yield Deployed(
+            lab=lab,
+            env=env,
+            token=token,
+            deploy=doc,
+            image_id=image_id,
+            wrong_token=refused,
+            units_after_wrong_token=units,
+        )
     finally:
         pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
+
+
+def test_a_token_the_hub_refuses_stops_the_deploy_before_any_unit_in_one_line(
+    deployed: Deployed,
+) -> None:
+    """`lab hub token T` and HF_TOKEN=wrong: one line naming HF_TOKEN and the model, the exit
+    code of a user error, the same in --json; no advice about disks; no unit started."""
+    code, stderr, doc = deployed.wrong_token
+    said = (
+        f"error: the hub at {deployed.lab.status()['hub']['endpoint']} refused HF_TOKEN for "
+        f"{REPO} (a gated or private model needs a token with access)"
+    )
+    assert code == 3 and stderr.strip().splitlines() == [said]
+    error = doc["error"]
+    assert (error["kind"], error["exit_code"]) == ("invalid_input", 3)
+    assert f"{error['message']} ({error['hint']})" == said.removeprefix("error: ")
+    assert "disk" not in stderr + json.dumps(doc) and "hf_wrong" not in stderr
+    assert deployed.units_after_wrong_token == dict.fromkeys(deployed.units_after_wrong_token, "")
 
 
 def test_deploy_takes_each_file_from_the_hub_once_and_fills_every_gpu_host(

@@ -1,8 +1,10 @@
 """dstack's SMG example on NVIDIA hosts, end to end: `pdctl lab up --hosts 3 --cpu-hosts 1
---gpu H200`, the example file with only its image and the router's `cpu: 4` changed for the
-lab, deployed with `pdctl deploy`; a chat through SMG; every worker container holds exactly
-its slot's NVIDIA devices (given by real podman CDI) and no ROCm device, its NIC nearest its
-GPU in PDCTL_RDMA_DEVICES and UCX_NET_DEVICES; scale and destroy.
+--gpu H200`, dstack's published pd.dstack.yml (NIXL) with only its image and the router's
+`cpu: 4` made lab-sized (tests/data/dstack/lab/sglang-pd.dstack.yml; a unit test checks that),
+deployed with `pdctl fleet add` as `lab status` prints it and `pdctl deploy`, no other step
+(the lab's hub makes the file's model on its first request); a chat through SMG; every worker
+container holds exactly its slot's NVIDIA devices (given by real podman CDI) and no ROCm
+device, its NIC nearest its GPU in PDCTL_RDMA_DEVICES and UCX_NET_DEVICES; scale and destroy.
 
 The tests run in file order and share one deployment. Everything is the real program (sshd,
 Ansible, systemd, podman with CDI, SMG, the scaler) but the GPUs and SGLang itself.
@@ -27,8 +29,8 @@ import pytest
 from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "pd-nvidia-h200.yml"
-SERVICE = "glm-air"
+DSTACK_FILE = ROOT / "tests" / "data" / "dstack" / "lab" / "sglang-pd.dstack.yml"
+SERVICE = "prefill-decode"  # the file's own name
 GPU_NODES = ("node2", "node3")
 
 
@@ -85,13 +87,10 @@ def chat_when_ready(
 
 
 def lab_spec(image: str) -> str:
-    """The example as the lab needs it: the lab's worker image, and no `cpu: 4` for the router
-    (the lab's CPU host has fewer cores). Nothing else changes."""
-    text = EXAMPLE.read_text()
-    router_cpu = "    resources:\n      cpu: 4\n"
-    assert text.count(router_cpu) == 1 and text.count("image: lmsysorg/sglang:v0.5.5\n") == 1
-    text = text.replace(router_cpu, "")
-    return text.replace("image: lmsysorg/sglang:v0.5.5\n", f"image: {image}\n")
+    """dstack's file, lab-sized: its image is the lab's worker image."""
+    text = DSTACK_FILE.read_text()
+    assert f"image: {image}\n" in text
+    return text
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +105,9 @@ def nv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         lab = Lab(home)
         status = lab.status()
         pdctl(home, *status["fleet_add"].split()[1:])
-        # The example's model, on the lab's hub: the deploy fills the hosts' cache from it.
-        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")
-        spec = home / "pd.yml"
-        spec.write_text(lab_spec(status["worker_image"]))
-        deployment = Deployment(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, spec=spec)
+        lab_spec(status["worker_image"])
+        token = f"hf_{uuid.uuid4().hex}"
+        deployment = Deployment(lab=lab, env={"HF_TOKEN": token}, spec=DSTACK_FILE)
         yield deployment
     finally:  # the hosts go with the service: no destroy needed
         pdctl(home, "lab", "down", check=False)
@@ -133,7 +130,7 @@ def test_plan_gives_each_slot_the_nic_on_its_gpus_switch(nv: Deployment) -> None
 
 def test_the_smg_example_deploys_and_chats_through_smg(nv: Deployment) -> None:
     doc = nv.json("deploy", str(nv.spec), "--fleet", "lab", "-y")
-    assert doc["endpoint"].endswith(":8000")
+    assert doc["endpoint"].endswith(":8000") and doc["model"]["repo"] == MODEL
     status, body = chat_when_ready(doc["endpoint"], "hello from an H200", nv.api_key())
     assert status == 200, body
     answer = body["choices"][0]["message"]["content"]
@@ -287,7 +284,6 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
             pdctl(home, *up)
         lab = Lab(home)
         pdctl(home, *lab.status()["fleet_add"].split()[1:])
-        pdctl(home, "lab", "hub", "add", MODEL, "--size", "4M")  # the NVIDIA example's model
         yield Deployment(lab=lab, env=env, spec=home / "nvidia.yml")
     finally:  # the hosts go with the services: no destroy needed
         pdctl(home, "lab", "down", check=False)
@@ -323,8 +319,10 @@ def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) 
     assert [h["gpu_model"] for h in status["hosts"]] == [None, "MI300X", "H200"]
     amd_spec = mixed.lab.home / "amd.yml"
     amd_spec.write_text((ROOT / "examples" / "lab" / "pd.yml").read_text())
+    # Both routers land on node1: the second gets its own public port from the spec (the
+    # first's 8000 is refused, not moved), and pdctl's default metrics port steps to 29001.
     nvidia = lab_spec(status["worker_image"]).replace("port: 8000\nmodel:", "port: 8001\nmodel:")
-    mixed.spec.write_text(nvidia + "pdctl:\n  router:\n    metrics_port: 29001\n")
+    mixed.spec.write_text(nvidia)
     amd = mixed.json("deploy", str(amd_spec), "--fleet", "lab", "--allow-partial", "-y")
     nv = mixed.json("deploy", str(mixed.spec), "--fleet", "lab", "--allow-partial", "-y")
     for service, doc, node, vendor in (
@@ -336,6 +334,8 @@ def test_a_mixed_fleet_places_each_service_on_its_own_vendor(mixed: Deployment) 
         slots = [s for group in plan["groups"].values() for s in group["slots"]]
         assert {mixed.lab.node_at(s["host"]) for s in slots} == {node}, (service, slots)
         assert {s["vendor"] for s in slots} == {vendor}
+        if vendor == "nvidia":  # beside pdlab's router: pdctl's own ports stepped aside
+            assert (plan["router"]["metrics_port"], plan["scaler_metrics_port"]) == (29001, 29101)
         key = mixed.json("endpoint", service, "--show-key")["api_key"]
         model = "lab/tiny-llama" if vendor == "amd" else MODEL
         code, body = chat_when_ready(doc["endpoint"], f"hello {vendor}", key, model)

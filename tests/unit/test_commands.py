@@ -203,7 +203,7 @@ def test_router_group_only_gets_exec() -> None:
     assert script.splitlines() == [
         "set -e",
         "pip install smg",
-        "exec smg launch --host 0.0.0.0 --port 8000 --pd-disaggregation "
+        "exec smg launch --host 0.0.0.0 --port 30000 --pd-disaggregation "
         "--prefill-policy cache_aware --decode-policy least_load",
     ]
 

@@ -212,6 +212,42 @@ def test_unknown_repo_revision_and_file_are_the_hubs_errors(
         hf_hub_download(REPO, "nope.bin", endpoint=url, cache_dir=tmp_path)
 
 
+def test_a_repository_no_one_added_is_made_on_its_first_request(
+    served: tuple[str, Path], tmp_path: Path
+) -> None:
+    """With ``generate`` set (the lab's `--hub-model-size`), any model a spec names is there:
+    made once (concurrent first requests wait for it), as `add` would make it at that size,
+    and only for a request the hub authorizes; a bad repository id stays a 404."""
+    url, root = served
+    size = 256 << 10
+    hub.write_settings(root, rate=None, token="hf_lab_secret", generate=size)
+    time.sleep(0.6)
+    assert _request(url, "/api/models/org/made-on-request/revision/main")[0] == 401
+    assert hub_models.Store(root).get("org/made-on-request") is None  # refused: not made
+    auth = {"Authorization": "Bearer hf_lab_secret"}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(
+                lambda _: _request(
+                    url, "/api/models/org/made-on-request/revision/main", "GET", auth
+                ),
+                range(4),
+            )
+        )
+    commits = {json.loads(body)["sha"] for status, _, body in answers if status == 200}
+    assert len(commits) == 1 and len(answers) == 4 and all(a[0] == 200 for a in answers)
+    expected = hub_models.add_model(tmp_path / "other", "org/made-on-request", size, tmp_path)
+    assert commits == {expected.sha}  # deterministic: what `add` makes at that size
+    got = snapshot_download(
+        "org/made-on-request", endpoint=url, cache_dir=tmp_path / "hf", token="hf_lab_secret"
+    )
+    assert (Path(got) / "config.json").is_file()
+    assert _request(url, "/api/models/bad..id/revision/main", "GET", auth)[0] == 404
+    hub.write_settings(root, rate=None, token=None)  # generate: none again
+    time.sleep(0.6)
+    assert _request(url, "/api/models/org/never-added/revision/main")[0] == 404
+
+
 def test_the_rate_cap_is_shared_by_all_downloads(served: tuple[str, Path]) -> None:
     url, root = served
     rate = 4 << 20

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pdctl import hf_layout, model_fetch, peer_auth, prefetch
-from pdctl.errors import HostError
+from pdctl.errors import HostError, InputError
 from pdctl.lab import hub as lab_hub
 from pdctl.lab import hub_models
 
@@ -315,16 +315,62 @@ def test_a_partial_download_resumes_with_a_range(served: Hub, caches: dict[str, 
     )
 
 
-def test_without_the_token_the_hub_refuses_pdctl_itself_before_any_host_is_touched(
-    served: Hub, caches: dict[str, Path]
+@pytest.mark.parametrize(
+    ("token", "repo", "revision", "said"),
+    [
+        (
+            "hf_wrong",
+            REPO,
+            "main",
+            f"the hub at {{endpoint}} refused HF_TOKEN for {REPO} "
+            "(a gated or private model needs a token with access)",
+        ),
+        (
+            None,
+            REPO,
+            "main",
+            f"the hub at {{endpoint}} has no model {REPO} at revision main, or the model is "
+            "gated or private and needs a token (check the name and the revision; for a gated "
+            "or private model, export HF_TOKEN and list it in the spec's env)",
+        ),
+        (
+            TOKEN,
+            "lab/no-such-model",
+            "main",
+            "the hub at {endpoint} has no model lab/no-such-model at revision main "
+            "(check the name and the revision)",
+        ),
+        (
+            TOKEN,
+            REPO,
+            "v9",
+            f"the hub at {{endpoint}} has no model {REPO} at revision v9 "
+            "(check the name and the revision)",
+        ),
+    ],
+    ids=["wrong-token", "no-token", "no-such-model", "no-such-revision"],
+)
+def test_a_hub_refusal_is_one_line_the_user_acts_on(
+    served: Hub,
+    caches: dict[str, Path],
+    token: str | None,
+    repo: str,
+    revision: str,
+    said: str,
 ) -> None:
-    """pdctl asks the hub for the file list itself (the token is on the controller): a refusal
-    stops the prefetch before any host is started."""
-    with pytest.raises(HostError) as raised:
-        fan_out(served, {"h1": caches["h1"], "h2": caches["h2"]}, token=None)
-    message = raised.value.one_line()
-    assert f"model {REPO}@main: the hub {served.endpoint}: HTTP 401" in message, message
-    assert TOKEN not in message
+    """The real fetcher, refused by the hub: a user error (exit 3) naming the model, the
+    revision or HF_TOKEN; no host blamed, no advice about disks, the token nowhere."""
+    ask = prefetch.Request(
+        repo=repo, revision=revision, cache="/unused", endpoint=served.endpoint, token=token
+    )
+    with pytest.raises(InputError) as raised:
+        fan_out(served, {"h1": caches["h1"], "h2": caches["h2"]}, request_doc=ask)
+    line = raised.value.one_line()
+    assert line == said.format(endpoint=served.endpoint)
+    assert raised.value.exit_code == 3 and "disk" not in line
+    assert TOKEN not in line and "hf_wrong" not in line
+    assert served.downloads == {}
+    # pdctl asks the hub itself before any host starts: no host's cache was even made
     assert not caches["h1"].exists() and not caches["h2"].exists()
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.commands import worker_script
 from pdctl.errors import InputError
-from pdctl.spec import Gpu, Range, SpecError, load, parse
+from pdctl.spec import Gpu, Range, SpecError, added_flags, load, parse
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"HF_TOKEN": "hf_value"}
@@ -310,8 +311,81 @@ def test_ttft_on_decode_and_itl_on_prefill_are_refused() -> None:
     assert "replicas[2].scaling.metric: ttft measures the prefill phase" in err.message
 
 
-def test_latency_scaling_needs_sglang_metrics() -> None:
+def test_latency_scaling_gets_sglang_metrics_added_not_refused() -> None:
+    """SGLang serves /metrics only with --enable-metrics: a group that scales on ttft or itl
+    gets it from pdctl (the plan says so), once, and only where it is missing."""
     text = latency("{metric: ttft, target: 500ms}").replace("--enable-metrics ", "")
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    prefill, decode = spec.group("prefill"), spec.group("decode")
+    assert added_flags(prefill) == ("--enable-metrics",) and added_flags(decode) == ()
+    script = worker_script(prefill.commands, "prefill", added_flags(prefill))
+    assert script.count("--enable-metrics") == 1
+    written, _ = parse(latency("{metric: ttft, target: 500ms}"), Path("pd.yml"), ENV)
+    assert added_flags(written.group("prefill")) == ()  # the spec has it already
+    rps, _ = parse(BASE, Path("pd.yml"), ENV)
+    assert added_flags(rps.group("prefill")) == ()  # rps is the router's: no worker metrics
+
+
+# ---------------------------------------------------------------- dstack's group settings
+
+
+def test_dstacks_group_settings_are_read_as_dstack_means_them() -> None:
+    """`replicas` is a group's count; each worker group may name its own image (then the file
+    needs none); a router group's python/nvcc/image and a group's spot_policy are ignored,
+    and listed (the plan's notes say so)."""
+    text = (
+        BASE.replace("image: img:1\n", "")
+        .replace("  - count: 1..2\n", "  - replicas: 1..2\n    image: p:1\n    spot_policy: auto\n")
+        .replace("  - count: 1\n    commands", "  - count: 1\n    image: d:1\n    commands")
+        .replace("    router: {type: sglang}\n", '    router: {type: sglang}\n    python: "3.12"\n')
+    )
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    assert spec.image is None and spec.group("prefill").count == (1, 2)
+    assert (spec.image_of(spec.group("prefill")), spec.image_of(spec.group("decode"))) == (
+        "p:1",
+        "d:1",
+    )
+    assert spec.ignored == ["replicas[1].spot_policy", "replicas[0].python"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "said"),
+    [
+        (("image: img:1\n", ""), "replicas[1].image", "the prefill group names no image"),
+        (
+            ("image: img:1\n", ""),
+            "replicas[1].image",
+            "`python` picks dstack's own base image",
+        ),
+        (
+            ("  - count: 1\n    commands", "  - count: 1\n    docker: true\n    commands"),
+            "replicas[2].docker",
+            "a docker-in-docker worker group",
+        ),
+        (
+            ("  - count: 1\n    commands", "  - count: 1\n    privileged: true\n    commands"),
+            "replicas[2].privileged",
+            "differ in `privileged`",
+        ),
+    ],
+    ids=["no-image", "python-no-image", "docker", "privileged-differs"],
+)
+def test_a_worker_group_dstack_would_run_otherwise_is_refused(
+    change: tuple[str, str], field: str, said: str
+) -> None:
+    text = BASE.replace(*change)
+    if "python" in said:
+        text = text.replace("  - count: 1..2\n", '  - count: 1..2\n    python: "3.12"\n')
     err = error(text)
-    assert err.message.startswith("pd.yml:10: replicas[1].scaling.metric: ttft is read from")
-    assert "--enable-metrics" in str(err.hint)
+    assert f": {field}: " in err.message and said in err.message, err.message
+
+
+def test_both_worker_groups_privileged_runs_them_privileged() -> None:
+    group = "    privileged: true\n    commands"
+    text = BASE.replace(
+        "  - count: 1..2\n    scaling: {metric: rps, target: 2}\n    commands",
+        "  - count: 1..2\n    scaling: {metric: rps, target: 2}\n" + group,
+    )
+    text = text.replace("  - count: 1\n    commands", "  - count: 1\n" + group)
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    assert spec.privileged is False and spec.workers_privileged is True

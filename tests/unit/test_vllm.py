@@ -142,8 +142,13 @@ def test_the_side_channel_is_pdctls_per_slot() -> None:
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT is set by pdctl for each vLLM slot" in refused(
         spec_text(extra=env)
     )
-    clash = "pdctl:\n  ports: {base: 5600}\n"
-    assert "port 5600 is also pdctl.ports.base" in refused(spec_text(extra=clash))
+    # Worker ports from 5600, where the side channels start too: no refusal, pdctl's layout
+    # steps to a position whose parts are apart (judged per host, after placement).
+    plan = plan_of(spec_text(extra="pdctl:\n  ports: {base: 5600}\n"))
+    assert_apart(plan)
+    for slot in plan.slots():
+        assert slot.side_channel_port is not None
+        assert not slot.port <= slot.side_channel_port < slot.port + plan.port_stride
 
 
 def test_latency_scaling_needs_http_metrics() -> None:
