@@ -36,6 +36,9 @@ Progress = Callable[[str], None]
 DEFAULT_DURATION = 3  # seconds of ib_write_bw per test
 DEFAULT_LAT_ITERATIONS = 1000  # ib_write_lat's own default
 CONNECT_WINDOW = 15.0  # how long a client keeps trying a server that is not listening yet
+# perftest's server opens its device before it listens: the client's first try waits this
+# long, and the next ones this long apart.
+CONNECT_PAUSE = 0.3
 SLACK = 30.0  # on top of a test's own length: process start, perftest's handshakes
 PROBE_TIMEOUT = 10.0
 # The first line the server's wrapper prints: its PID, to stop it when the client failed.
@@ -48,6 +51,7 @@ class Options:
     sample: float | None = None  # a fraction of the rounds; None: a full mesh up to a size
     parallel_rails: bool = False
     duration: int = DEFAULT_DURATION
+    iterations: int | None = None  # ib_write_bw by iterations (a size-bound run), not time
     lat_iterations: int = DEFAULT_LAT_ITERATIONS
     min_fraction: float = fabric_judge.DEFAULT_MIN_FRACTION
     seed: int | None = None
@@ -60,6 +64,8 @@ class Options:
             raise InputError(f"--min-fraction {self.min_fraction:g} is not in (0, 1]")
         if not 1 <= self.duration <= perftest.MAX_SECONDS:
             raise InputError(f"--duration {self.duration} is not 1..{perftest.MAX_SECONDS}")
+        if self.iterations is not None and not 5 <= self.iterations <= perftest.MAX_ITERATIONS:
+            raise InputError(f"--iterations {self.iterations} is not 5..{perftest.MAX_ITERATIONS}")
         if not 5 <= self.lat_iterations <= 1_000_000:
             raise InputError(f"--lat-iterations {self.lat_iterations} is not 5..1000000")
         if self.rails is not None and any(not 0 <= r <= 1023 for r in self.rails):
@@ -131,6 +137,7 @@ def _test(ctx: _Context, link: Link, run: perftest.Run) -> tuple[str, str | None
     server = ctx.pool.start(ctx.targets[link.server], shlex.join([*_WRAPPER, *server_argv]))
     try:
         deadline = time.monotonic() + CONNECT_WINDOW
+        time.sleep(CONNECT_PAUSE)
         while True:
             result = ctx.pool.run(
                 ctx.targets[link.client], shlex.join(client_argv), timeout=limit + 5
@@ -138,7 +145,7 @@ def _test(ctx: _Context, link: Link, run: perftest.Run) -> tuple[str, str | None
             waiting = "Couldn't connect to" in result.stderr
             if result.rc == 0 or not waiting or time.monotonic() > deadline or server.done():
                 break
-            time.sleep(0.2)
+            time.sleep(CONNECT_PAUSE)
         if result.rc != 0:
             served = server.wait(0.5) if server.done() else None
             _stop(ctx, link.server, server)
@@ -164,7 +171,10 @@ def _why_not(ctx: _Context, link: Link) -> str | None:
 def _perftest(ctx: _Context, link: Link, tcp_port: int) -> Measurement:
     """ib_write_bw, then ib_write_lat, on the link."""
     options = ctx.options
-    bw_run = perftest.Run("ib_write_bw", tcp_port, duration=options.duration)
+    if options.iterations is not None:
+        bw_run = perftest.Run("ib_write_bw", tcp_port, iterations=options.iterations)
+    else:
+        bw_run = perftest.Run("ib_write_bw", tcp_port, duration=options.duration)
     out, why = _test(ctx, link, bw_run)
     if why is not None:
         return Measurement(link, error=f"ib_write_bw: {why}")
@@ -298,6 +308,7 @@ def _report(
             "rails": options.rails,
             "parallel_rails": options.parallel_rails,
             "duration": options.duration,
+            "iterations": options.iterations,
             "lat_iterations": options.lat_iterations,
             "sample": options.sample,
         },

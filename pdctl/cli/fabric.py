@@ -26,6 +26,12 @@ def run_options(function: F) -> F:
                 help="Seconds of ib_write_bw per test (ib_write_lat runs 1000 iterations).",
             ),
             click.option(
+                "--iterations",
+                type=int,
+                help="Run ib_write_bw for this many messages (64 KiB each) instead of "
+                "--duration seconds: a size-bound test.",
+            ),
+            click.option(
                 "--parallel-rails",
                 is_flag=True,
                 help="Test every rail of a round's pairs at once (each NIC in one test at a "
@@ -82,6 +88,7 @@ def mesh_options(function: F) -> F:
 def options(
     *,
     duration: int,
+    iterations: int | None,
     parallel_rails: bool,
     min_fraction: float,
     rails: str = "all",
@@ -93,6 +100,7 @@ def options(
         sample=sample,
         parallel_rails=parallel_rails,
         duration=duration,
+        iterations=iterations,
         min_fraction=min_fraction,
         seed=seed,
     )
@@ -108,7 +116,8 @@ def render(app: App, doc: dict[str, Any], title: str) -> None:
     """One row per test, then who is to blame and the summary."""
     rows = []
     for pair in doc["pairs"]:
-        nics = "/".join(n or "-" for n in pair["nics"])
+        ends = [n or "-" for n in pair["nics"]]
+        nics = ends[0] if len(set(ends)) == 1 else "/".join(ends)
         verdict = "ok" if pair["ok"] else "FAILED"
         if not pair["ok"]:
             verdict += f": {pair['why']}"

@@ -138,6 +138,7 @@ def add(
     rails: str,
     seed: int | None,
     duration: int,
+    iterations: int | None,
     parallel_rails: bool,
     min_fraction: float,
 ) -> None:
@@ -147,6 +148,7 @@ def add(
     if fabric:
         fabric_options = fabric_cli.options(
             duration=duration,
+            iterations=iterations,
             parallel_rails=parallel_rails,
             min_fraction=min_fraction,
             rails=rails,
@@ -197,6 +199,7 @@ def check(
     rails: str,
     seed: int | None,
     duration: int,
+    iterations: int | None,
     parallel_rails: bool,
     min_fraction: float,
 ) -> None:
@@ -206,6 +209,7 @@ def check(
     if fabric:
         fabric_options = fabric_cli.options(
             duration=duration,
+            iterations=iterations,
             parallel_rails=parallel_rails,
             min_fraction=min_fraction,
             rails=rails,

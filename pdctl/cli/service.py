@@ -180,6 +180,7 @@ def deploy(
     yes: bool,
     certify: bool,
     duration: int,
+    iterations: int | None,
     parallel_rails: bool,
     min_fraction: float,
 ) -> None:
@@ -199,7 +200,10 @@ def deploy(
     certified = None
     if certify:
         options = fabric_cli.options(
-            duration=duration, parallel_rails=parallel_rails, min_fraction=min_fraction
+            duration=duration,
+            iterations=iterations,
+            parallel_rails=parallel_rails,
+            min_fraction=min_fraction,
         )
         certified = _certify(app, planned, options)
     with app.out.progress(
@@ -336,6 +340,7 @@ def status(
     service: str,
     certify: bool,
     duration: int,
+    iterations: int | None,
     parallel_rails: bool,
     min_fraction: float,
 ) -> None:
@@ -345,7 +350,10 @@ def status(
         app.out.result(doc, lambda: _render_status(app, doc))
         return
     options = fabric_cli.options(
-        duration=duration, parallel_rails=parallel_rails, min_fraction=min_fraction
+        duration=duration,
+        iterations=iterations,
+        parallel_rails=parallel_rails,
+        min_fraction=min_fraction,
     )
     with app.out.progress(f"certify {service}'s KV paths") as progress:
         report = fabric_run.certify_plan(

@@ -363,11 +363,11 @@ def _stream(sock: socket.socket, options: Options, rate_bps: float) -> tuple[int
             now = time.monotonic()
             if (options.duration and now >= end) or (budget is not None and sent >= budget):
                 break
-            ahead = sent - (now - started) * rate_bps
-            if ahead > CHUNK / 4:
-                time.sleep(min(ahead / rate_bps, 0.05))
-                continue
             count = CHUNK if budget is None else min(CHUNK, budget - sent)
+            early = (sent + count) / rate_bps - (now - started)  # never ahead of the line rate
+            if early > 0:
+                time.sleep(min(early, 0.05))
+                continue
             if memfd is not None:
                 sent += os.sendfile(sock.fileno(), memfd, 0, count)
             else:
