@@ -116,6 +116,7 @@ def judge(
                 "ok": not why,
                 "why": why or None,
                 "cause": None,
+                "blamed": [],  # the hosts named as the cause of this pair's failure
             }
         )
     hosts = _blame(pairs, "rail" if scope == "mesh" else None)
@@ -173,6 +174,7 @@ def _name_in_group(
             continue
         if culprits:
             pair["cause"] = f"host {', '.join(culprits)}"
+            pair["blamed"] = culprits
         elif all(passed.get(h) for h in pair["hosts"]):
             pair["cause"] = "the path between them"
 
@@ -190,14 +192,14 @@ def _blame(pairs: list[dict[str, Any]], key: str | None) -> dict[str, dict[str, 
 
 
 def records(report: Mapping[str, Any], checked_at: str) -> dict[str, FabricRecord]:
-    """Each tested host's FabricRecord from a report."""
+    """Each tested host's FabricRecord from a report. A host passes when each of its pairs
+    passed or failed because of another host named as the cause (a slow peer is not this
+    host's fault)."""
     found = {}
     for host, entry in report["hosts"].items():
         failures = [
             {
-                "peer": next(h for h in p["hosts"] if h != host)
-                if len(set(p["hosts"])) > 1
-                else host,
+                "peer": next((h for h in p["hosts"] if h != host), host),
                 "rail": p["rail"],
                 "gbps": p["gbps"],
                 "expected_gbps": p["expected_gbps"],
@@ -206,17 +208,25 @@ def records(report: Mapping[str, Any], checked_at: str) -> dict[str, FabricRecor
             for p in report["pairs"]
             if host in p["hosts"] and not p["ok"]
         ]
-        if entry["ok"]:
+        own = [
+            p
+            for p in report["pairs"]
+            if host in p["hosts"] and not p["ok"] and (not p["blamed"] or host in p["blamed"])
+        ]
+        if not failures:
             summary = f"all {entry['pairs']} test(s) passed"
+        elif not own:
+            peers = sorted({b for p in report["pairs"] if host in p["hosts"] for b in p["blamed"]})
+            summary = f"passed but with {', '.join(peers)}, named as the cause"
         elif entry["named"]:
             summary = (
                 f"all its tests on rail {', '.join(entry['rails'])} failed: its own link "
-                f"({failures[0]['why']})"
+                f"({own[0]['why']})"
             )
         else:
-            summary = f"{entry['failed']} of {entry['pairs']} test(s) failed ({failures[0]['why']})"
+            summary = f"{len(own)} of {entry['pairs']} test(s) failed ({own[0]['why']})"
         found[host] = FabricRecord(
-            ok=entry["ok"],
+            ok=not own,
             checked_at=checked_at,
             scope=report["scope"],
             pairs=entry["pairs"],

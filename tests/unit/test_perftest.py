@@ -61,7 +61,11 @@ def test_bw_server_side() -> None:
 
 
 def test_bw_without_a_table_says_what_it_expected() -> None:
-    for text in ("", sample("ib_write_lat.roce.client.txt"), "Couldn't connect to 10.0.0.2:18515\n"):
+    for text in (
+        "",
+        sample("ib_write_lat.roce.client.txt"),
+        "Couldn't connect to 10.0.0.2:18515\n",
+    ):
         with pytest.raises(PerftestError, match="no results table in ib_write_bw"):
             perftest.parse_bw(text)
 
