@@ -628,6 +628,7 @@ def show(workspace: Workspace, name: str) -> dict[str, Any]:
                 "kind": h.kind,
                 "facts": h.facts,
                 "preflight": h.preflight.model_dump() if h.preflight else None,
+                "fabric": h.fabric.model_dump() if h.fabric else None,
                 "services": sorted(s for s, hosts in services.items() if h.name in hosts),
             }
             for h in fleet.hosts

@@ -263,6 +263,7 @@ def show(app: App, name: str) -> None:
             gpus = facts.get("gpus") or {}
             runtime = facts.get("runtime") or {}
             preflight = h["preflight"]
+            fabric = h.get("fabric")
             rows.append(
                 (
                     h["name"],
@@ -273,11 +274,23 @@ def show(app: App, name: str) -> None:
                     runtime.get("name") or "-",
                     "-" if preflight is None else ("ok" if preflight["ok"] else "FAILED"),
                     preflight["checked_at"] if preflight else "never",
+                    "-" if fabric is None else ("ok" if fabric["ok"] else "FAILED"),
                     ", ".join(h["services"]),
                 )
             )
         app.out.table(
-            ["host", "kind", "ssh", "gpus", "rdma", "runtime", "preflight", "checked", "services"],
+            [
+                "host",
+                "kind",
+                "ssh",
+                "gpus",
+                "rdma",
+                "runtime",
+                "preflight",
+                "checked",
+                "fabric",
+                "services",
+            ],
             rows,
             title=f"fleet {name} ({doc['inventory']})",
         )
