@@ -185,6 +185,14 @@ def deploy(
     min_fraction: float,
 ) -> None:
     """Deploy (or update) the service in SPEC: plan, diff, confirm, apply."""
+    options = None
+    if certify:  # bad options are refused before anything is planned
+        options = fabric_cli.options(
+            duration=duration,
+            iterations=iterations,
+            parallel_rails=parallel_rails,
+            min_fraction=min_fraction,
+        )
     _, _, planned = deploys.make_plan(
         app.workspace, spec, fleet, allow_partial=allow_partial, create_key=not dry_run
     )
@@ -197,15 +205,7 @@ def deploy(
                 "refusing to deploy without confirmation", hint="pass -y (or --dry-run)"
             )
         click.confirm(f"Deploy {planned.service} to fleet {planned.fleet}?", abort=True, err=True)
-    certified = None
-    if certify:
-        options = fabric_cli.options(
-            duration=duration,
-            iterations=iterations,
-            parallel_rails=parallel_rails,
-            min_fraction=min_fraction,
-        )
-        certified = _certify(app, planned, options)
+    certified = None if options is None else _certify(app, planned, options)
     with app.out.progress(
         f"deploy {planned.service}" + (" (dry run)" if dry_run else "")
     ) as progress:
