@@ -103,3 +103,23 @@ def test_every_pair_passes_then_a_slow_link_is_named(lab: Lab) -> None:
     assert rc == 0, doc["fabric"]["summary"]
     assert len(doc["fabric"]["pairs"]) == 3
     assert records(lab)[slow]["ok"]
+
+
+def test_a_host_that_does_not_answer_fails_its_pairs_the_rest_go_on(lab: Lab) -> None:
+    gpu = sorted(h["address"] for h in lab.status()["hosts"] if h["kind"] == "gpu")
+    gone = gpu[-1]
+    node = lab.node_at(gone)
+    pdctl(lab.home, "lab", "fault", node, "sshd-down")
+    try:
+        rc, doc = check(lab, "--rails", "0")
+    finally:
+        pdctl(lab.home, "lab", "fault", node, "clear")
+    assert rc == 5
+    fabric = doc["fabric"]
+    assert len(fabric["pairs"]) == 6
+    for pair in fabric["pairs"]:
+        assert pair["ok"] == (gone not in pair["hosts"]), pair
+        if not pair["ok"]:
+            assert pair["gbps"] is None
+            assert gone in pair["why"] and "22" in pair["why"]  # the SSH failure, named
+    assert [h for h, e in fabric["hosts"].items() if e["named"]] == [gone]
