@@ -504,16 +504,22 @@ def check(
     limit: list[str] | None,
     progress: Progress,
     fabric: fabric_run.Options | None = None,
+    *,
+    preflight: bool = True,
 ) -> dict[str, Any]:
     """The preflight on the hosts; with ``fabric``, then the fabric check between the GPU
-    hosts (with ``limit``: the pairs with one of those hosts in them)."""
+    hosts (with ``limit``: the pairs with one of those hosts in them). ``preflight=False``
+    (`--fabric-only`): the fabric check alone, on the facts on record."""
     if fabric is not None:
         fabric.check()  # a bad option is refused before any host is contacted
     fleet = inventory.load(workspace, name)
     hosts = _select(fleet, limit)
     known = _known_hosts(workspace, name)
-    _check(workspace, fleet, hosts, known, progress, gather=False, pin_new=False)
-    doc = report(fleet, hosts, known)
+    if preflight or fabric is None:
+        _check(workspace, fleet, hosts, known, progress, gather=False, pin_new=False)
+        doc = report(fleet, hosts, known)
+    else:
+        doc = {**report(fleet, [], known), "preflight": "skipped"}
     if fabric is not None:
         doc["fabric"] = fabric_run.check_fleet(
             workspace, fleet, hosts if limit else None, fabric, progress

@@ -188,12 +188,18 @@ def add(
     metavar="HOST",
     help="Only this host (repeatable); with --fabric, the pairs it is in.",
 )
+@click.option(
+    "--fabric-only",
+    is_flag=True,
+    help="The fabric check alone (implies --fabric), on the facts on record: no preflight.",
+)
 @fabric_cli.mesh_options
 @pass_app
 def check(
     app: App,
     name: str,
     limit: tuple[str, ...],
+    fabric_only: bool,
     fabric: bool,
     sample: float | None,
     rails: str,
@@ -206,7 +212,7 @@ def check(
     """Re-run the preflight: which host fails which check, and why. With --fabric, then
     measure the RDMA links between the GPU hosts and name the slow host or link."""
     fabric_options = None
-    if fabric:
+    if fabric or fabric_only:
         fabric_options = fabric_cli.options(
             duration=duration,
             iterations=iterations,
@@ -217,7 +223,14 @@ def check(
             seed=seed,
         )
     with app.out.progress(f"fleet check {name}") as progress:
-        doc = fleets.check(app.workspace, name, list(limit), progress, fabric_options)
+        doc = fleets.check(
+            app.workspace,
+            name,
+            list(limit),
+            progress,
+            fabric_options,
+            preflight=not fabric_only,
+        )
     emit(app, doc, lambda: _render_report(app, doc), fleets.failure(doc))
 
 
