@@ -53,7 +53,8 @@ def run_options(function: F) -> F:
 
 
 def mesh_options(function: F) -> F:
-    """`--fabric` and which pairs and rails it tests."""
+    """`--fabric` and which pairs and rails it tests (listed first), then run_options."""
+    function = run_options(function)
     for option in reversed(
         [
             click.option(
@@ -82,7 +83,7 @@ def mesh_options(function: F) -> F:
         ]
     ):
         function = option(function)
-    return run_options(function)
+    return function
 
 
 def options(
