@@ -198,9 +198,13 @@ def _measure(ctx: _Context, link: Link, tcp_port: int) -> Measurement:
     except perftest.PerftestError as exc:
         return Measurement(link, error=str(exc))
     except HostError as exc:
-        return Measurement(link, error=f"SSH: {exc.one_line()}")
+        why = f"SSH: {exc.one_line()}"
     except ssh.CHANNEL_ERRORS as exc:
-        return Measurement(link, error=f"SSH: {type(exc).__name__}: {exc}")
+        why = f"SSH: {type(exc).__name__}: {exc}"
+    # A host lost mid-run is marked down, so that its later tests fail at once instead of
+    # each waiting for a connection timeout.
+    _probe(ctx, [host for host in link.pair if host not in ctx.down])
+    return Measurement(link, error=why)
 
 
 def _probe(ctx: _Context, hosts: list[str]) -> None:
@@ -236,6 +240,8 @@ def execute(
                 f"round {number}/{total}, wave {wave_number}/{len(waves)}: {len(wave)} test(s)"
                 f" (rail {', '.join(rails)})"
             )
+            # A host is in one test per NIC at most (8 SSH channels for 8 NICs: within
+            # sshd's default MaxSessions, 10); each test of a wave on its own TCP port.
             ports = [ctx.options.tcp_port + index for index in range(len(wave))]
             with ThreadPoolExecutor(max_workers=max(1, len(wave))) as workers:
                 found += list(
