@@ -22,6 +22,9 @@ R = B / A (higher is better):
   downloading it from the hub at once (bench/model_fanout.py). Last: its caps stay on.
 - scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/) and
   bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS).
+- fabric: `fleet check --fabric` on a lab of --hosts GPU hosts (a full mesh, round-robin
+  rounds, every pair of a round at once) versus the same pairs one after another, as a
+  hand-run script does them (bench/fabric.py).
 
 --dry-run builds every input (specs, baseline playbooks and config) and runs the simulation,
 without a lab: what CI's smoke test runs.
@@ -38,7 +41,7 @@ from pathlib import Path
 if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import actions, baseline, model_fanout, scale_warm, scaler_phases, scaler_sim
+from bench import actions, baseline, fabric, model_fanout, scale_warm, scaler_phases, scaler_sim
 from bench.lablib import (
     FLEET,
     OUT,
@@ -60,6 +63,7 @@ NAMES = (
     "scale-action",
     "scale-out-warm",
     "model-fanout",
+    "fabric",
 )
 BIG_LAB = {"check", "deploy", "redeploy", "scale-action", "model-fanout"}
 STARTED = time.monotonic()
@@ -227,6 +231,24 @@ def fanout(wanted: set[str], lab: BenchLab) -> None:
         )
 
 
+def fabric_mesh(wanted: set[str], hosts: int) -> None:
+    """A lab of GPU hosts only: every one of the --hosts hosts is in the mesh."""
+    if "fabric" not in wanted:
+        return
+    lab = BenchLab(OUT / "ws-fabric", hosts, cpu_hosts=0)
+    lab.forget_services()
+    progress(f"lab up: {hosts} GPU hosts")
+    try:
+        lab.up()
+        progress("fleet add")
+        lab.fleet_add()
+        ours, theirs, extra = fabric.measure(lab, progress)
+        result(line("fabric", ours, theirs, hosts, extra))
+    finally:
+        progress(f"lab down: {hosts} hosts")
+        lab.down()
+
+
 def dry_run(hosts: int, small: int) -> None:
     """Every input the lab benchmarks use, built and checked, with no lab."""
     out = OUT / "dry-run"
@@ -249,6 +271,10 @@ def dry_run(hosts: int, small: int) -> None:
     progress("model-fanout: the model id and the caps (the hub at a tenth of the links) hold")
     scale_warm.check_inputs(BenchLab(out, scale_warm.HOSTS))
     progress("scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only")
+    fabric.check_inputs()
+    progress(
+        f"fabric: a {fabric.HOSTS}-host mesh is {fabric.HOSTS - 1} rounds; the script's commands"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scale_out_warm(wanted)
         if wanted & BIG_LAB:
             big_lab(wanted, args.hosts, args.actions, small)
+        fabric_mesh(wanted, args.hosts)
     except BenchError as error:
         print(f"bench: {error}", file=sys.stderr)
         return 1

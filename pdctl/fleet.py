@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdctl import hardware, inventory, layout, runner, ssh, validate
+from pdctl import fabric_run, hardware, inventory, layout, runner, ssh, validate
 from pdctl import service as services
 from pdctl.errors import CheckFailed, HostError, InputError, NotFound
 from pdctl.fleet_model import (
@@ -308,6 +308,7 @@ class AddOptions:
     model_cache: str | None = None
     model_endpoint: str | None = None
     repin: bool = False
+    fabric: fabric_run.Options | None = None  # `--fabric`: test the new hosts' links too
 
 
 def gpu_vendor_of(model: str) -> str:
@@ -487,7 +488,10 @@ def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress
         changed = jump_pinned or settings_changed
         return {**report(fleet, _in_order(fleet, targets), known), "changed": changed}
     _check(workspace, fleet, touched, known, progress, gather=True, pin_new=True)
-    return {**report(fleet, _in_order(fleet, targets), known), "changed": True}
+    doc = {**report(fleet, _in_order(fleet, targets), known), "changed": True}
+    if options.fabric is not None:
+        doc["fabric"] = fabric_run.check_fleet(workspace, fleet, touched, options.fabric, progress)
+    return doc
 
 
 def _in_order(fleet: Fleet, targets: list[ssh.Target]) -> list[FleetHost]:
@@ -495,13 +499,32 @@ def _in_order(fleet: Fleet, targets: list[ssh.Target]) -> list[FleetHost]:
 
 
 def check(
-    workspace: Workspace, name: str, limit: list[str] | None, progress: Progress
+    workspace: Workspace,
+    name: str,
+    limit: list[str] | None,
+    progress: Progress,
+    fabric: fabric_run.Options | None = None,
+    *,
+    preflight: bool = True,
 ) -> dict[str, Any]:
+    """The preflight on the hosts; with ``fabric``, then the fabric check between the GPU
+    hosts (with ``limit``: the pairs with one of those hosts in them). ``preflight=False``
+    (`--fabric-only`): the fabric check alone, on the facts on record."""
+    if fabric is not None:
+        fabric.check()  # a bad option is refused before any host is contacted
     fleet = inventory.load(workspace, name)
     hosts = _select(fleet, limit)
     known = _known_hosts(workspace, name)
-    _check(workspace, fleet, hosts, known, progress, gather=False, pin_new=False)
-    return report(fleet, hosts, known)
+    if preflight or fabric is None:
+        _check(workspace, fleet, hosts, known, progress, gather=False, pin_new=False)
+        doc = report(fleet, hosts, known)
+    else:
+        doc = {**report(fleet, [], known), "preflight": "skipped"}
+    if fabric is not None:
+        doc["fabric"] = fabric_run.check_fleet(
+            workspace, fleet, hosts if limit else None, fabric, progress
+        )
+    return doc
 
 
 def _select(fleet: Fleet, limit: list[str] | None) -> list[FleetHost]:
@@ -522,11 +545,20 @@ def _select(fleet: Fleet, limit: list[str] | None) -> list[FleetHost]:
 def failure(doc: dict[str, Any]) -> CheckFailed | None:
     """The error to exit with (after the report is printed) when any host failed."""
     failed = [h["name"] for h in doc["hosts"] if not h["ok"]]
-    if not failed:
+    fabric = doc.get("fabric")
+    problems = []
+    if failed:
+        problems.append(
+            f"{len(failed)} of {len(doc['hosts'])} host(s) failed preflight: {', '.join(failed)}"
+        )
+    if fabric is not None and not fabric["ok"]:
+        problems.append(f"fabric: {fabric['summary']}")
+    if not problems:
         return None
     return CheckFailed(
-        f"{len(failed)} of {len(doc['hosts'])} host(s) failed preflight: {', '.join(failed)}",
-        hint=f"see the checks above; fix, then `pdctl fleet check {doc['fleet']}`",
+        "; ".join(problems),
+        hint=f"see the findings above; fix, then `pdctl fleet check {doc['fleet']}"
+        + (" --fabric`" if fabric is not None else "`"),
     )
 
 
@@ -602,6 +634,7 @@ def show(workspace: Workspace, name: str) -> dict[str, Any]:
                 "kind": h.kind,
                 "facts": h.facts,
                 "preflight": h.preflight.model_dump() if h.preflight else None,
+                "fabric": h.fabric.model_dump() if h.fabric else None,
                 "services": sorted(s for s, hosts in services.items() if h.name in hosts),
             }
             for h in fleet.hosts

@@ -64,6 +64,19 @@ class Preflight(BaseModel):
     checks: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class FabricRecord(BaseModel):
+    """A host's part in its last fabric check (pdctl/fabric_judge.py): whether every pair it
+    was in passed, and the failures (bounded)."""
+
+    ok: bool
+    checked_at: str
+    scope: Literal["mesh", "kv"] = "mesh"  # `fleet check --fabric`, or `--certify`'s KV paths
+    pairs: int = 0
+    named: bool = False  # every pair it was in failed: its own link is the cause
+    summary: str = ""
+    failed: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class FleetHost(BaseModel):
     name: str
     address: str
@@ -72,6 +85,7 @@ class FleetHost(BaseModel):
     kind: HostKind = "new"
     facts: dict[str, Any] | None = None
     preflight: Preflight | None = None
+    fabric: FabricRecord | None = None
 
 
 class Fleet(BaseModel):

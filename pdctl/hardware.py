@@ -175,6 +175,7 @@ CHECK_NAMES = (
     "rdma_ports",
     "provider_lib",
     "roce_gid",
+    "perftest",
     "runtime",
     "memlock",
     "disk",
@@ -182,8 +183,11 @@ CHECK_NAMES = (
 )
 # Workers (and so RDMA and their rlimits) run on GPU hosts only.
 GPU_ONLY_CHECKS = frozenset(
-    {"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid", "memlock"}
+    {"gpus", "rdma_devices", "rdma_ports", "provider_lib", "roce_gid", "perftest", "memlock"}
 )
+# perftest's tools, which `pdctl fleet check --fabric` runs between GPU hosts (package
+# `perftest` on Debian/Ubuntu and RHEL).
+PERFTEST_TOOLS = ("ib_write_bw", "ib_write_lat")
 # NVIDIA-only checks: AMD GPUs reach containers as plain device nodes, no toolkit or CDI.
 NVIDIA_ONLY_CHECKS = frozenset({"container_toolkit", "cdi"})
 
@@ -622,6 +626,7 @@ def collect(
     raw["sysfs"] = _safe(lambda: _sysfs(_gpu_bdfs(done)), {"pci": {}, "infiniband": {}})
     raw["provider_libs"] = _safe(_provider_libs, {})
     raw["nvidia_files"] = _safe(_nvidia_files, {"cdi_specs": [], "device_nodes": []})
+    raw["tools"] = {name: shutil.which(name, path=search_path) for name in PERFTEST_TOOLS}
     raw["elapsed_s"] = round(time.monotonic() - started, 3)
     return raw
 
@@ -645,6 +650,9 @@ class RdmaPort:
     active_mtu: int | None = None
     gids: list[Gid] = field(default_factory=list)
     lid: int | None = None  # port_lid: non-zero once an InfiniBand subnet manager assigned one
+    # `-v` only, as printed ("4X (2)", "100.0 Gbps (128)"): the line rate (pdctl/linerate.py).
+    active_width: str = ""
+    active_speed: str = ""
 
     def gid(self, index: int) -> Gid | None:
         return next((gid for gid in self.gids if gid.index == index), None)
@@ -720,6 +728,8 @@ def _set_port_field(port: RdmaPort, key: str, value: str) -> None:
     elif key == "active_mtu":
         mtu = _coded(value)[0]
         port.active_mtu = int(mtu) if mtu.isdigit() else None
+    elif key in ("active_width", "active_speed"):
+        setattr(port, key, _clip(value, 40))
     elif key == "port_lid":
         try:
             port.lid = int(value, 0)
@@ -1369,6 +1379,8 @@ def _device_facts(view: _View) -> list[dict[str, Any]]:
                     "port": p.number,
                     "state": p.state,
                     "link_layer": p.link_layer,
+                    "active_width": p.active_width,
+                    "active_speed": p.active_speed,
                     "gids": [
                         {"index": g.index, "address": g.address, "kind": g.kind} for g in p.gids
                     ],
@@ -2020,6 +2032,22 @@ def _check_roce_gid(host: str, view: _View, expect: Expectations) -> Check:
     )
 
 
+def _check_perftest(host: str, raw: dict[str, Any]) -> Check:
+    tools = raw.get("tools")
+    if not isinstance(tools, dict):
+        return Check("perftest", False, f"{host}: perftest was not probed (re-run the check)")
+    missing = [name for name in PERFTEST_TOOLS if not tools.get(name)]
+    if missing:
+        return Check(
+            "perftest",
+            False,
+            f"{host}: {' and '.join(missing)} not found (perftest, which `pdctl fleet check "
+            "--fabric` runs between hosts); install the package perftest (apt install perftest; "
+            "dnf install perftest)",
+        )
+    return Check("perftest", True, f"{host}: perftest's ib_write_bw and ib_write_lat present")
+
+
 def _check_runtime(host: str, view: _View) -> Check:
     name, version = view.runtime.get("name"), view.runtime.get("version")
     if not name:
@@ -2184,6 +2212,7 @@ def evaluate(host: str, raw: dict[str, Any], expect: Expectations) -> list[Check
         "rdma_ports": lambda: _check_rdma_ports(host, raw, view, expect),
         "provider_lib": lambda: _check_provider_lib(host, raw, view, expect),
         "roce_gid": lambda: _check_roce_gid(host, view, expect),
+        "perftest": lambda: _check_perftest(host, raw),
         "runtime": lambda: _check_runtime(host, view),
         "memlock": lambda: _check_memlock(host, raw, view),
         "disk": lambda: _check_disk(host, raw, expect),

@@ -3,7 +3,8 @@
     hosts.yml                  groups pd_gpu_hosts, pd_cpu_hosts, pd_new_hosts (never reached yet)
     group_vars/all.yml         connection settings and the fleet's preflight expectations
     group_vars/pd_*_hosts.yml  pd_host_kind
-    host_vars/<host>.yml       pd_facts (gathered) and pd_preflight (last check)
+    host_vars/<host>.yml       pd_facts (gathered), pd_preflight (last check) and pd_fabric
+                               (its part in the last fabric check)
     known_hosts.txt            the fleet's pinned host keys (OpenSSH format; .txt so that
                                Ansible does not take it for an inventory source)
 
@@ -21,7 +22,15 @@ from typing import Any
 from pdctl import validate
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import InputError, NotFound
-from pdctl.fleet_model import Fleet, FleetHost, FleetSettings, HostKind, Preflight, natural_key
+from pdctl.fleet_model import (
+    FabricRecord,
+    Fleet,
+    FleetHost,
+    FleetSettings,
+    HostKind,
+    Preflight,
+    natural_key,
+)
 from pdctl.ssh import Target, parse_target
 from pdctl.workspace import Workspace, write_atomic
 from pdctl.yamlsrc import YamlError, dump_text, load_mapping_file
@@ -95,6 +104,7 @@ def load(workspace: Workspace, name: str) -> Fleet:
             variables = declared or {}
             extra = _read_yaml(directory / "host_vars" / f"{host}.yml")
             preflight = extra.get("pd_preflight")
+            fabric = extra.get("pd_fabric")
             fleet.hosts.append(
                 FleetHost(
                     name=str(host),
@@ -104,6 +114,7 @@ def load(workspace: Workspace, name: str) -> Fleet:
                     kind=kind,
                     facts=extra.get("pd_facts"),
                     preflight=Preflight.model_validate(preflight) if preflight else None,
+                    fabric=FabricRecord.model_validate(fabric) if fabric else None,
                 )
             )
     fleet.hosts.sort(key=lambda h: natural_key(h.name))
@@ -204,6 +215,8 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
             doc["pd_facts"] = host.facts
         if host.preflight is not None:
             doc["pd_preflight"] = host.preflight.model_dump()
+        if host.fabric is not None:
+            doc["pd_fabric"] = host.fabric.model_dump()
         header = f"{host.name}: facts and last preflight (pdctl)"
         _dump(host_vars / f"{host.name}.yml", doc, header, untrusted=True)
         keep.add(f"{host.name}.yml")

@@ -15,6 +15,7 @@ import logging
 import re
 import shlex
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -357,6 +358,66 @@ def run(
     return Result(rc=channel_out.channel.recv_exit_status(), stdout=out, stderr=err)
 
 
+# What a command on an open connection can fail with besides a non-zero exit: the channel
+# or the connection breaking, or a read timing out.
+CHANNEL_ERRORS: tuple[type[Exception], ...] = (paramiko.SSHException, OSError)
+
+
+class Running:
+    """A command started on a host and not waited for (a server the caller talks to)."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+        self._out = bytearray()
+        self._err = bytearray()
+
+    def _drain(self) -> None:
+        while self._channel.recv_ready():
+            self._out += self._channel.recv(65536)
+        while self._channel.recv_stderr_ready():
+            self._err += self._channel.recv_stderr(65536)
+
+    def done(self) -> bool:
+        self._drain()
+        return self._channel.exit_status_ready()
+
+    def wait(self, timeout: float) -> Result:
+        """Its exit and output; rc 124 (as coreutils' timeout says it) when it has not
+        exited within ``timeout`` seconds (the channel is closed; the caller's own time
+        limit on the host ends the command)."""
+        deadline = time.monotonic() + timeout
+        while not self.done():
+            if time.monotonic() > deadline:
+                self.close()
+                return Result(124, self._out.decode(errors="replace"), "timed out\n")
+            time.sleep(0.02)
+        self._drain()
+        # Output still in flight after the exit status: read to the channel's end.
+        self._channel.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            while chunk := self._channel.recv(65536):
+                self._out += chunk
+            while chunk := self._channel.recv_stderr(65536):
+                self._err += chunk
+        except TimeoutError:
+            pass
+        rc = self._channel.recv_exit_status()
+        return Result(rc, self._out.decode(errors="replace"), self._err.decode(errors="replace"))
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def start(client: paramiko.SSHClient, command: str) -> Running:
+    """Start a command (stdin closed) and return at once."""
+    transport = client.get_transport()
+    assert transport is not None  # callers hand in connected clients
+    channel = transport.open_session(timeout=CONNECT_TIMEOUT)
+    channel.exec_command(command)
+    channel.shutdown_write()
+    return Running(channel)
+
+
 def sudo(command: str) -> str:
     """Wrap a command to run as root without a password prompt (fails fast instead)."""
     return f"sudo -n -- sh -c {shlex.quote(command)}"
@@ -401,6 +462,10 @@ class Pool:
     def run(self, target: Target, command: str, *, timeout: float = 60.0) -> Result:
         with self.session(target) as client:
             return run(client, command, timeout=timeout)
+
+    def start(self, target: Target, command: str) -> Running:
+        with self.session(target) as client:
+            return start(client, command)
 
     def connector(self, target: Target) -> Callable[[str, int], paramiko.Channel]:
         """Open TCP streams from the target host (e.g. to its 127.0.0.1-only ports)."""

@@ -27,6 +27,7 @@ LONGEST_FIRST = (
     "test_lab_nvidia",
     "test_sharing",
     "test_scaler_latency",
+    "test_fabric",
     "test_lab",
     "test_lab_hub",
 )

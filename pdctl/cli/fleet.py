@@ -9,6 +9,7 @@ import click
 
 from pdctl import fleet as fleets
 from pdctl import layout
+from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
 from pdctl.fleet_model import DEFAULT_ENDPOINT
 
@@ -38,6 +39,8 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     if jump:
         key = f"host key {jump['fingerprint']}" if jump["fingerprint"] else "no host key pinned"
         app.out.line(f"jump host {jump['host']}: {key}")
+    if doc.get("fabric") is not None:
+        fabric_cli.render(app, doc["fabric"], f"fleet {doc['fleet']}: fabric")
 
 
 @fleet.command()
@@ -108,6 +111,7 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
 )
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (nothing here asks yet; for scripts).")
+@fabric_cli.mesh_options
 @pass_app
 def add(
     app: App,
@@ -129,8 +133,28 @@ def add(
     model_endpoint: str | None,
     repin: bool,
     yes: bool,
+    fabric: bool,
+    sample: float | None,
+    rails: str,
+    seed: int | None,
+    duration: int,
+    iterations: int | None,
+    parallel_rails: bool,
+    min_fraction: float,
 ) -> None:
-    """Add hosts to fleet NAME: pin keys, gather facts, run the preflight."""
+    """Add hosts to fleet NAME: pin keys, gather facts, run the preflight (and, with --fabric,
+    test the new hosts' RDMA links to the fleet's GPU hosts)."""
+    fabric_options = None
+    if fabric:
+        fabric_options = fabric_cli.options(
+            duration=duration,
+            iterations=iterations,
+            parallel_rails=parallel_rails,
+            min_fraction=min_fraction,
+            rails=rails,
+            sample=sample,
+            seed=seed,
+        )
     options = fleets.AddOptions(
         hosts=list(hosts),
         hosts_file=hosts_file,
@@ -148,6 +172,7 @@ def add(
         model_cache=model_cache,
         model_endpoint=model_endpoint,
         repin=repin,
+        fabric=fabric_options,
     )
     with app.out.progress(f"fleet add {name}") as progress:
         doc = fleets.add(app.workspace, name, options, progress)
@@ -157,13 +182,55 @@ def add(
 @fleet.command()
 @click.argument("name")
 @click.option(
-    "--limit", "limit", multiple=True, metavar="HOST", help="Only this host (repeatable)."
+    "--limit",
+    "limit",
+    multiple=True,
+    metavar="HOST",
+    help="Only this host (repeatable); with --fabric, the pairs it is in.",
 )
+@click.option(
+    "--fabric-only",
+    is_flag=True,
+    help="The fabric check alone (implies --fabric), on the facts on record: no preflight.",
+)
+@fabric_cli.mesh_options
 @pass_app
-def check(app: App, name: str, limit: tuple[str, ...]) -> None:
-    """Re-run the preflight: which host fails which check, and why."""
+def check(
+    app: App,
+    name: str,
+    limit: tuple[str, ...],
+    fabric_only: bool,
+    fabric: bool,
+    sample: float | None,
+    rails: str,
+    seed: int | None,
+    duration: int,
+    iterations: int | None,
+    parallel_rails: bool,
+    min_fraction: float,
+) -> None:
+    """Re-run the preflight: which host fails which check, and why. With --fabric, then
+    measure the RDMA links between the GPU hosts and name the slow host or link."""
+    fabric_options = None
+    if fabric or fabric_only:
+        fabric_options = fabric_cli.options(
+            duration=duration,
+            iterations=iterations,
+            parallel_rails=parallel_rails,
+            min_fraction=min_fraction,
+            rails=rails,
+            sample=sample,
+            seed=seed,
+        )
     with app.out.progress(f"fleet check {name}") as progress:
-        doc = fleets.check(app.workspace, name, list(limit), progress)
+        doc = fleets.check(
+            app.workspace,
+            name,
+            list(limit),
+            progress,
+            fabric_options,
+            preflight=not fabric_only,
+        )
     emit(app, doc, lambda: _render_report(app, doc), fleets.failure(doc))
 
 
@@ -209,6 +276,7 @@ def show(app: App, name: str) -> None:
             gpus = facts.get("gpus") or {}
             runtime = facts.get("runtime") or {}
             preflight = h["preflight"]
+            fabric = h.get("fabric")
             rows.append(
                 (
                     h["name"],
@@ -219,11 +287,23 @@ def show(app: App, name: str) -> None:
                     runtime.get("name") or "-",
                     "-" if preflight is None else ("ok" if preflight["ok"] else "FAILED"),
                     preflight["checked_at"] if preflight else "never",
+                    "-" if fabric is None else ("ok" if fabric["ok"] else "FAILED"),
                     ", ".join(h["services"]),
                 )
             )
         app.out.table(
-            ["host", "kind", "ssh", "gpus", "rdma", "runtime", "preflight", "checked", "services"],
+            [
+                "host",
+                "kind",
+                "ssh",
+                "gpus",
+                "rdma",
+                "runtime",
+                "preflight",
+                "checked",
+                "fabric",
+                "services",
+            ],
             rows,
             title=f"fleet {name} ({doc['inventory']})",
         )

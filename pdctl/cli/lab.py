@@ -143,7 +143,8 @@ def fault(app: App, host: str, kind: str, arg: str | None) -> None:
     \b
     KIND: nic-missing DEV | port-down DEV | provider-lib-missing | no-runtime |
           sshd-down | sudo-password | gpu-missing N | worker-unhealthy |
-          driver-missing | cdi-missing (NVIDIA hosts) | clear
+          driver-missing | cdi-missing (NVIDIA hosts) |
+          link-slow RATE (bytes/s, both ways: 20M) | clear
     """
     doc = manager.fault(app.workspace, host, kind, arg)
     app.out.result(

@@ -9,11 +9,12 @@ from typing import Any
 import click
 
 from pdctl import deploy as deploys
-from pdctl import image_prefetch
+from pdctl import fabric_run, image_prefetch
 from pdctl import prefetch as prefetches
 from pdctl import service as services
-from pdctl.cli.app import App, pass_app
-from pdctl.errors import InputError
+from pdctl.cli import fabric as fabric_cli
+from pdctl.cli.app import App, emit, pass_app
+from pdctl.errors import CheckFailed, InputError
 from pdctl.plan import WORKER_ROLES, Plan
 from pdctl.results import DeployResult, EndpointResult, StatusResult
 
@@ -58,8 +59,21 @@ def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the plan as deploy.yml's extra-vars (ansible-playbook ... -e @FILE).",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a plan with a slot on a host whose last fabric check failed or that has none "
+    "(`pdctl fleet check F --fabric`).",
+)
 @pass_app
-def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: Path | None) -> None:
+def plan(
+    app: App,
+    spec: Path,
+    fleet: str | None,
+    allow_partial: bool,
+    output: Path | None,
+    strict: bool,
+) -> None:
     """Show where every replica slot would run (changes nothing)."""
     warnings: list[str] = []
 
@@ -70,6 +84,16 @@ def plan(app: App, spec: Path, fleet: str | None, allow_partial: bool, output: P
     _, _, planned = deploys.make_plan(
         app.workspace, spec, fleet, allow_partial=allow_partial, warn=warn
     )
+    uncertified = fabric_run.plan_problems(app.workspace, planned)
+    if strict and uncertified:
+        raise CheckFailed(
+            f"{len(uncertified)} host(s) of the plan are not fabric-certified: "
+            + "; ".join(uncertified),
+            hint=f"`pdctl fleet check {planned.fleet} --fabric`, fix what it names, or plan "
+            "without --strict",
+        )
+    for problem in uncertified:
+        warn(f"fabric: {problem}")
     changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
     if output:
         deploys.write_plan_file(planned, output)
@@ -138,6 +162,13 @@ def _image_lines(app: App, images: dict[str, Any] | None) -> None:
     "(by default a quick check over SSH skips them then).",
 )
 @click.option("-y", "--yes", is_flag=True, help="Apply without asking.")
+@click.option(
+    "--certify",
+    is_flag=True,
+    help="Before applying, test the plan's KV paths (every prefill slot's NICs to every "
+    "decode slot's on another host, perftest) and refuse to deploy if one fails.",
+)
+@fabric_cli.run_options
 @pass_app
 def deploy(
     app: App,
@@ -147,8 +178,21 @@ def deploy(
     dry_run: bool,
     converge: bool,
     yes: bool,
+    certify: bool,
+    duration: int,
+    iterations: int | None,
+    parallel_rails: bool,
+    min_fraction: float,
 ) -> None:
     """Deploy (or update) the service in SPEC: plan, diff, confirm, apply."""
+    options = None
+    if certify:  # bad options are refused before anything is planned
+        options = fabric_cli.options(
+            duration=duration,
+            iterations=iterations,
+            parallel_rails=parallel_rails,
+            min_fraction=min_fraction,
+        )
     _, _, planned = deploys.make_plan(
         app.workspace, spec, fleet, allow_partial=allow_partial, create_key=not dry_run
     )
@@ -161,6 +205,7 @@ def deploy(
                 "refusing to deploy without confirmation", hint="pass -y (or --dry-run)"
             )
         click.confirm(f"Deploy {planned.service} to fleet {planned.fleet}?", abort=True, err=True)
+    certified = None if options is None else _certify(app, planned, options)
     with app.out.progress(
         f"deploy {planned.service}" + (" (dry run)" if dry_run else "")
     ) as progress:
@@ -205,7 +250,26 @@ def deploy(
         _image_lines(app, doc.images)
         _endpoint_line(app, doc)
 
-    app.out.result(doc, render)
+    if certified is None:
+        app.out.result(doc, render)
+    else:
+        app.out.result({**doc.model_dump(mode="json"), "certify": certified}, render)
+
+
+def _certify(app: App, planned: Plan, options: fabric_run.Options) -> dict[str, Any]:
+    """The plan's KV paths tested (and shown); CheckFailed, with the report, if one failed."""
+    with app.out.progress(f"certify {planned.service}'s KV paths") as progress:
+        report = fabric_run.certify_plan(app.workspace, planned, options, progress)
+    if not app.out.json_mode:
+        fabric_cli.render(app, report, f"service {planned.service}: KV paths")
+    if not report["ok"]:
+        raise CheckFailed(
+            f"KV path certification: {report['summary']}",
+            hint="nothing was deployed; fix the links named above (`pdctl fleet check "
+            f"{planned.fleet} --fabric` tests them all), or deploy without --certify",
+            certify=report,
+        )
+    return report
 
 
 def _render_status(app: App, doc: StatusResult) -> None:
@@ -263,11 +327,50 @@ def _render_status(app: App, doc: StatusResult) -> None:
 
 @click.command()
 @click.argument("service")
+@click.option(
+    "--certify",
+    is_flag=True,
+    help="Also test the service's KV paths (every prefill slot's NICs to every decode "
+    "slot's on another host, perftest); exit non-zero if one fails.",
+)
+@fabric_cli.run_options
 @pass_app
-def status(app: App, service: str) -> None:
+def status(
+    app: App,
+    service: str,
+    certify: bool,
+    duration: int,
+    iterations: int | None,
+    parallel_rails: bool,
+    min_fraction: float,
+) -> None:
     """Replicas per host, unit states and the router's view, read live."""
     doc = deploys.status(app.workspace, service)
-    app.out.result(doc, lambda: _render_status(app, doc))
+    if not certify:
+        app.out.result(doc, lambda: _render_status(app, doc))
+        return
+    options = fabric_cli.options(
+        duration=duration,
+        iterations=iterations,
+        parallel_rails=parallel_rails,
+        min_fraction=min_fraction,
+    )
+    with app.out.progress(f"certify {service}'s KV paths") as progress:
+        report = fabric_run.certify_plan(
+            app.workspace, services.load_plan(app.workspace, service), options, progress
+        )
+
+    def render() -> None:
+        _render_status(app, doc)
+        fabric_cli.render(app, report, f"service {service}: KV paths")
+
+    failure = None
+    if not report["ok"]:
+        failure = CheckFailed(
+            f"KV path certification: {report['summary']}",
+            hint=f"`pdctl fleet check {doc.fleet} --fabric` tests every link of the fleet",
+        )
+    emit(app, {**doc.model_dump(mode="json"), "certify": report}, render, failure)
 
 
 @click.command()

@@ -11,9 +11,17 @@ from collections.abc import Callable
 
 from pdctl.errors import InputError
 from pdctl.lab import host as lab_host
+from pdctl.lab import hub_service
 from pdctl.lab.host import HostPaths
 from pdctl.lab.rootfs import SUDO_USER
-from pdctl.lab.state import CAPACITY_SETTINGS, FakeHardware, Fault, LabHost, write_hardware
+from pdctl.lab.state import (
+    CAPACITY_SETTINGS,
+    FakeHardware,
+    Fault,
+    LabHost,
+    LabState,
+    write_hardware,
+)
 
 # kind -> what its argument is (None: takes no argument)
 KINDS: dict[str, str | None] = {
@@ -27,6 +35,7 @@ KINDS: dict[str, str | None] = {
     "driver-missing": None,
     "cdi-missing": None,
     "worker-unhealthy": None,
+    "link-slow": "RATE",
     "clear": None,
 }
 GPU_ONLY = {"nic-missing", "port-down", "provider-lib-missing", "gpu-missing"}
@@ -65,6 +74,8 @@ def validate(host: LabHost, kind: str, arg: str | None) -> Fault:
         )
     if wants == "N" and not (arg and arg.isdigit() and int(arg) < host.gpus):
         raise InputError(f"{kind}: no GPU {arg!r} on {host.name}", hint=f"0 .. {host.gpus - 1}")
+    if wants == "RATE" and hub_service.parse_rate(arg) is None:
+        raise InputError(f"{kind} needs a rate, not {arg!r}", hint="bytes per second: 20M, 1G")
     return Fault(kind=kind, arg=arg)
 
 
@@ -86,6 +97,7 @@ def apply(host: LabHost, paths: HostPaths, fault: Fault) -> None:
         "no-runtime": lambda: _hide_podman(host),
         "sshd-down": lambda: _stop_sshd(host),
         "sudo-password": lambda: _move(host, SUDOERS, SUDOERS_HIDDEN),
+        "link-slow": lambda: None,  # the link itself: cap_link, which needs the lab's state
     }
     edit[fault.kind]()
     write_hardware(paths.hardware, hardware)
@@ -132,3 +144,16 @@ def _clear(host: LabHost, paths: HostPaths, hardware: FakeHardware) -> None:
     _move(host, PODMAN_HIDDEN, PODMAN)
     _move(host, SUDOERS_HIDDEN, SUDOERS)  # the sudo user's passwordless rule, if hidden
     lab_host.exec_in(host, ["systemctl", "start", "ssh.service"])
+
+
+def link_rate(host: LabHost, lab_rate: int | None) -> int | None:
+    """What the host's link carries, bytes/s each way: its link-slow fault's rate, else the
+    lab's (`lab up --link-rate`, `lab link-rate`); None: no cap."""
+    slow = [hub_service.parse_rate(f.arg) for f in host.faults if f.kind == "link-slow"]
+    rates = [rate for rate in (*slow, lab_rate) if rate is not None]
+    return min(rates) if rates else None
+
+
+def cap_link(lab: LabState, host: LabHost) -> None:
+    """Cap the host's link (tc on both ends of its veth) to what link_rate says."""
+    hub_service.limit_link(lab, host, link_rate(host, lab.link_rate))

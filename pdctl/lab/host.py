@@ -35,6 +35,8 @@ FAKE_TOOLS = {
     "amd": ("ibv_devices", "ibv_devinfo", "amd-smi", "rocm-smi"),
     "nvidia": ("ibv_devices", "ibv_devinfo", "nvidia-smi", "nvidia-ctk"),
 }
+# perftest's tools, on every GPU host (the fabric check's; fakes/pdperf.py).
+PERFTEST_TOOLS = ("ib_write_bw", "ib_write_lat")
 # Inside worker containers: the fake verbs tools (the worker stand-in checks its NICs with
 # ibv_devices, as SGLang would through libibverbs) and, on NVIDIA hosts, the libmlx5 that
 # CUDA images carry themselves (docs/facts.md, "NVIDIA hosts").
@@ -216,10 +218,12 @@ def prepare_hardware(host: LabHost, paths: HostPaths) -> None:
 
     NVIDIA's /dev/nvidia* nodes are made inside the host by pdlab-hardware.service, since
     they sit in /dev itself and faults remove them one by one."""
-    for tool in FAKE_TOOLS[vendor(host)]:
+    tools = {tool: "pdfake.py" for tool in FAKE_TOOLS[vendor(host)]}
+    tools.update({tool: "pdperf.py" for tool in PERFTEST_TOOLS})
+    for tool, script in tools.items():
         link = paths.bin / tool
         if not link.is_symlink():
-            link.symlink_to(f"{SHARE_MOUNT}/fakes/pdfake.py")
+            link.symlink_to(f"{SHARE_MOUNT}/fakes/{script}")
     paths.libibverbs.mkdir(exist_ok=True)
     (paths.libibverbs / provider_lib(host)).write_bytes(b"\x7fELF fake RDMA provider\n")
     if vendor(host) == "amd":

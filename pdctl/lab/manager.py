@@ -163,7 +163,7 @@ def up(
         progress(f"starting the model hub at {hub_service.endpoint(current)}")
         hub_service.ensure(current, lab.dir)
         for host in current.hosts:
-            hub_service.limit_link(current, host, current.link_rate)
+            faults.cap_link(current, host)
         lab.save(current)
     deadline = time.monotonic() + BOOT_TIMEOUT
     for host in booting:
@@ -351,8 +351,12 @@ def fault(workspace: Workspace, name: str, kind: str, arg: str | None) -> dict[s
     faults.apply(host, lab.paths(host), chosen)
     if chosen.kind == "clear":
         host.faults = []
+    elif chosen.kind == "link-slow":  # the latest rate replaces an earlier one
+        host.faults = [f for f in host.faults if f.kind != "link-slow"] + [chosen]
     elif chosen not in host.faults:
         host.faults.append(Fault(kind=chosen.kind, arg=chosen.arg))
+    if chosen.kind in ("link-slow", "clear"):
+        faults.cap_link(current, host)
     lab.save(current)
     return {"host": host.name, "faults": [f.label() for f in host.faults]}
 
@@ -433,6 +437,6 @@ def link_limit(workspace: Workspace, rate: str) -> dict[str, Any]:
     lab, current = _running_lab(workspace, "pdctl lab link-rate")
     current.link_rate = hub_service.parse_rate(rate)
     for host in current.hosts:
-        hub_service.limit_link(current, host, current.link_rate)
+        faults.cap_link(current, host)
     lab.save(current)
     return {"link_rate": current.link_rate}

@@ -74,6 +74,11 @@ class FakeHardware(BaseModel):
     nics: int = NICS_PER_HOST
     missing_nics: list[str] = Field(default_factory=list)
     down_ports: list[str] = Field(default_factory=list)
+    # The NICs' line rate as ibv_devinfo -v reports it (lanes x Gb/s per lane): 1X SDR, 2 Gb/s
+    # of data, what the lab's links carry for every test of a fabric-check round at once
+    # (the perftest stand-in, fakes/pdperf.py, moves its bytes over them at that rate).
+    link_width: int = 1
+    link_speed: float = 2.5
     worker_unhealthy: bool = False
     worker_warmup_secs: float = 1.0
     # The stand-ins' capacity (pdctl/lab/worker/common/capacity.py): lab settings, not

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pdctl.hardware import Check, Expectations
+from pdctl.hardware import PERFTEST_TOOLS, Check, Expectations
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "hardware"
@@ -291,6 +291,7 @@ def make_raw(
         "commands": commands,
         "memlock": memlock if memlock is not None else MEMLOCK_OK,
         "reach": reach if reach is not None else [],
+        "tools": {tool: f"/usr/bin/{tool}" if is_gpu else None for tool in PERFTEST_TOOLS},
         "elapsed_s": 0.8,
     }
 

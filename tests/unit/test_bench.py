@@ -45,6 +45,7 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
         "scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only"
         in (proc.stderr)
     )
+    assert "fabric: a 16-host mesh is 15 rounds; the script's commands" in proc.stderr
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout

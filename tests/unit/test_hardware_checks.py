@@ -62,6 +62,7 @@ def test_evaluate_cpu_host_skips_gpu_and_rdma() -> None:
         "rdma_ports",
         "provider_lib",
         "roce_gid",
+        "perftest",
         "memlock",
     ]
     assert all(c.ok and c.message == CPU_SKIP_MESSAGE for c in skipped)

@@ -387,6 +387,8 @@ class FakeHost:
         self.bin.mkdir()
         for tool in ("ibv_devices", "ibv_devinfo", "amd-smi", "rocm-smi"):
             (self.bin / tool).symlink_to(PDFAKE)
+        for tool in ("ib_write_bw", "ib_write_lat"):  # the lab's perftest stand-in
+            (self.bin / tool).symlink_to(PDFAKE.with_name("pdperf.py"))
         for name, text in (("podman", FAKE_PODMAN), ("systemctl", FAKE_SYSTEMCTL)):
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
@@ -509,6 +511,7 @@ def test_fakes_cpu_host(fake_host: FakeHost) -> None:
         "rdma_ports",
         "provider_lib",
         "roce_gid",
+        "perftest",
         "memlock",
     ]
 

@@ -226,6 +226,7 @@ def nvidia_raw(
         "commands": commands,
         "sysfs": {"pci": sysfs_pci, "infiniband": sysfs_ib},
         "nvidia_files": {"cdi_specs": ["/etc/cdi/nvidia.yaml"] if spec else [], "device_nodes": []},
+        "tools": {"ib_write_bw": "/usr/bin/ib_write_bw", "ib_write_lat": "/usr/bin/ib_write_lat"},
     }
 
 

@@ -31,6 +31,8 @@ host runs shows at once. All keys are optional; unknown keys are ignored
     link_layer      "eth"    or "ib" (mlx5 only: InfiniBand ports with LIDs)
     nvidia_driver   true     false: the nvidia module is not loaded
     gpu_memory_mib  143771   per GPU (nvidia-smi's memory.total)
+    link_width      4        the NICs' active_width, in lanes (1, 2, 4, 8, 12)
+    link_speed      100.0    the NICs' active_speed per lane, Gb/s as rdma-core prints it
 
 libibverbs loads the Broadcom provider library from its provider directory:
 the file named by ``$PDFAKE_PROVIDER_LIB``, else the first existing of the
@@ -101,6 +103,8 @@ class State:
     link_layer: str = "eth"
     nvidia_driver: bool = True
     gpu_memory_mib: int = 143771
+    link_width: int = 4
+    link_speed: float = 100.0
 
 
 def _get_int(raw: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
@@ -153,7 +157,15 @@ def parse_state(raw: object) -> State:
     nvidia_driver = raw.get("nvidia_driver", True)
     if not isinstance(nvidia_driver, bool):
         raise StateError(f"nvidia_driver must be true or false, got {nvidia_driver!r}")
+    width = raw.get("link_width", State.link_width)
+    if width not in WIDTH_CODES or isinstance(width, bool):
+        raise StateError(f"link_width must be one of {sorted(WIDTH_CODES)}, got {width!r}")
+    speed = raw.get("link_speed", State.link_speed)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed not in SPEED_CODES:
+        raise StateError(f"link_speed must be one of {sorted(SPEED_CODES)}, got {speed!r}")
     return State(
+        link_width=width,
+        link_speed=float(speed),
         vendor=picked["vendor"],
         nic_driver=picked["nic_driver"],
         link_layer=picked["link_layer"],
@@ -296,6 +308,22 @@ class Nic:
     driver: str = "bnxt_re"
     link_layer: str = "eth"
     lid: int = 0  # InfiniBand: given by the subnet manager
+    width: int = 4  # lanes
+    speed: float = 100.0  # Gb/s per lane, as printed
+
+
+# rdma-core's devinfo.c: active_width's lanes and active_speed's Gb/s per lane, by the code
+# printed next to them; and the per-lane data rate after line encoding (8b/10b up to QDR,
+# 64b/66b from FDR10 on), what the perftest stand-in paces itself to (pdperf.py).
+WIDTH_CODES = {1: 1, 4: 2, 8: 4, 12: 8, 2: 16}
+SPEED_CODES = {2.5: 1, 5.0: 2, 10.0: 8, 14.0: 16, 25.0: 32, 50.0: 64, 100.0: 128, 200.0: 256}
+LANE_DATA_GBPS = {1: 2.0, 2: 4.0, 4: 8.0, 8: 10.0, 16: 14.0625 * 64 / 66, 32: 25.0, 64: 50.0}
+LANE_DATA_GBPS.update({128: 100.0, 256: 200.0})
+
+
+def data_rate_gbps(nic: Nic) -> float:
+    """What the NIC moves at most, in Gb/s of data."""
+    return nic.width * LANE_DATA_GBPS[SPEED_CODES[nic.speed]]
 
 
 @dataclass(frozen=True)
@@ -354,7 +382,20 @@ def present_nics(state: State) -> list[Nic]:
         # LIDs unique across the fabric: one block of 64 per host.
         lid = 64 * state.host_index + k + 2 if layer == "ib" else 0
         active = name not in state.down_ports
-        nics.append(Nic(k, name, guid, active, ipv4, state.nic_driver, layer, lid))
+        nics.append(
+            Nic(
+                k,
+                name,
+                guid,
+                active,
+                ipv4,
+                state.nic_driver,
+                layer,
+                lid,
+                state.link_width,
+                state.link_speed,
+            )
+        )
     return nics
 
 
@@ -426,6 +467,9 @@ def port_lines(nic: Nic, verbose: bool) -> list[str]:
     if not nic.active:
         state, mtu, phys = ("PORT_DOWN (1)", "1024 (3)", "DISABLED (3)")
     ib = nic.link_layer == "ib"
+    # A port whose link is down has no speed (devinfo.c's speed_str of 0).
+    code = SPEED_CODES[nic.speed]
+    speed = f"{nic.speed:.1f} Gbps ({code})" if nic.active else "invalid speed (0)"
     # A down InfiniBand port has no LID: the subnet manager assigns one once the link is up.
     sm_lid, port_lid = (IB_SM_LID, nic.lid) if ib and nic.active else (0, 0)
     lines = [
@@ -451,8 +495,8 @@ def port_lines(nic: Nic, verbose: bool) -> list[str]:
             f"\t\t\tgid_tbl_len:\t\t{GID_TABLE_LEN}",
             "\t\t\tsubnet_timeout:\t\t0",
             "\t\t\tinit_type_reply:\t0",
-            "\t\t\tactive_width:\t\t4X (2)",
-            "\t\t\tactive_speed:\t\t100.0 Gbps (128)",
+            f"\t\t\tactive_width:\t\t{nic.width}X ({WIDTH_CODES[nic.width]})",
+            f"\t\t\tactive_speed:\t\t{speed}",
             f"\t\t\tphys_state:\t\t{phys}",
             *gid_lines(nic),
         ]
