@@ -32,7 +32,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from pdctl.grpc_health import GRPC_STANDARD_HEALTH, grpc_healthy
 from pdctl.lab.worker.common import tokenizer
-from pdctl.plan import Slot
+from pdctl.plan import Slot, WorkerRole
 from pdctl.router import requests_total
 from tests.integration.test_worker_with_smg import (
     FAST_HEALTH,
@@ -146,10 +146,10 @@ class PD:
     decode: StandIn
 
 
-def slot(group: str, worker: StandIn) -> Slot:
+def slot(group: WorkerRole, worker: StandIn) -> Slot:
     """The plan's slot for a worker: pdctl's own registration body and probe."""
     return Slot(
-        group=group,  # type: ignore[arg-type]
+        group=group,
         index=1,
         host="loopback",
         address="127.0.0.1",

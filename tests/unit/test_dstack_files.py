@@ -17,7 +17,7 @@ import yaml
 from pdctl.errors import CheckFailed
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build, listeners
-from pdctl.spec import Gpu, Resources, SpecError, load
+from pdctl.spec import Gpu, Resources, load
 from tests.hostfacts import amd_facts, nvidia_facts
 from tests.support import assert_apart
 
