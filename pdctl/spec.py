@@ -1132,10 +1132,10 @@ def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
         if scaling.metric not in LATENCY_METRICS:
             continue
         if group.connection == "grpc":
-            name = "vLLM" if group.engine == "vllm" else f"SGLang ({GRPC_MODE})"
+            worker_kind = "a vLLM" if group.engine == "vllm" else f"an SGLang ({GRPC_MODE})"
             raise refuse(
-                f"{scaling.metric} is read from the workers' HTTP /metrics, and a {name} gRPC "
-                "worker serves no HTTP",
+                f"{scaling.metric} is read from the workers' HTTP /metrics, and {worker_kind} "
+                "gRPC worker serves no HTTP",
                 f"scale the {worker} group on rps (SMG counts its requests)",
             )
 

@@ -100,7 +100,7 @@ def test_latency_scaling_needs_the_workers_http_metrics() -> None:
     error = refused(spec_text(decode_extra=scaled))
     line = error.one_line()
     assert "itl is read from the workers' HTTP /metrics" in line
-    assert "a SGLang (--grpc-mode) gRPC worker serves no HTTP" in line
+    assert "an SGLang (--grpc-mode) gRPC worker serves no HTTP" in line
     assert "scale the decode group on rps" in line
     # rps needs only SMG's counter: it plans.
     rps = "count: 1..2\n    scaling: {metric: rps, target: 2}\n    "
