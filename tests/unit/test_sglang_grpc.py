@@ -2,7 +2,8 @@
 what is refused (a half-gRPC service, a valued switch, latency scaling that needs HTTP
 /metrics), and the plan's slots: grpc:// URLs, SMG's registration with runtime_type sglang and
 the prefill's bootstrap port, the grpc.health.v1 probe, --enable-igw on the router; stored plans
-from before the connection was recorded read back as they ran."""
+from before the connection was recorded read back as they ran; the lab's stand-in reads the
+switch as SGLang does."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.lab.worker.sglang.launch_server import parse_args
 from pdctl.plan import Plan, build, plan_from_extravars
 from pdctl.spec import SpecError, parse
 from tests.support import assert_apart
@@ -172,3 +174,19 @@ def test_a_stored_plan_without_connections_reads_back_as_it_ran() -> None:
     vllm = Plan.model_validate(stored)
     assert {s.connection for s in vllm.slots()} == {"grpc"}
     assert {g.connection for g in vllm.groups.values()} == {"grpc"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "grpc_mode"),
+    [
+        (["--grpc-mode"], True),
+        (["--grpc"], True),  # as SGLang's argparse (and pdctl/launch.py) read it
+        (["--grpc-m"], True),
+        (["--gr"], False),  # too short to be the switch: an unknown flag, ignored
+        ([], False),
+    ],
+)
+def test_the_lab_stand_in_reads_the_switch_as_sglang_does(argv: list[str], grpc_mode: bool) -> None:
+    args, ignored = parse_args(["--model-path", "m", *argv])
+    assert args.grpc_mode is grpc_mode
+    assert ignored == ([] if grpc_mode or not argv else argv)

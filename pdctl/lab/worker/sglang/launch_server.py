@@ -151,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored)."""
+    """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored).
+    SGLang's argparse also takes a flag abbreviated; this parser does not (an abbreviation of
+    one of its few flags may be another of SGLang's), but reads the gRPC switch abbreviated
+    (down to --grpc) as SGLang and pdctl do."""
     args, unknown = build_parser().parse_known_args(list(argv))
-    return args, [item for item in unknown if item.startswith("-")]
+    switch = [item for item in unknown if len(item) >= 6 and "--grpc-mode".startswith(item)]
+    args.grpc_mode = args.grpc_mode or bool(switch)
+    return args, [item for item in unknown if item.startswith("-") and item not in switch]
 
 
 def buckets(given: list[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
