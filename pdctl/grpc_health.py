@@ -6,11 +6,13 @@ roles' probe runs this file's text on the hosts, which have python3 and its stan
 only, ahead of templates/unit-probe.py's (the pd_worker role and playbooks/scale.yml join the
 two; pyproject.toml ships this file with the Ansible content).
 
-The call asks vLLM's ``vllm.grpc.engine.VllmEngine/HealthCheck``: what SMG itself calls, served
-by both of vLLM's gRPC entry points (docs/facts.md, "vLLM P/D behind SMG"). Its answer is
-``HealthCheckResponse{bool healthy = 1; ...}``; grpc.health.v1's ``Check`` answers
-``{ServingStatus status = 1}`` with SERVING = 1: in both, healthy is field 1 as varint 1, so
-one reading serves either. The response headers are not decoded (that would need HPACK's
+The call asks, by default, vLLM's ``vllm.grpc.engine.VllmEngine/HealthCheck``: what SMG itself
+calls, served by both of vLLM's gRPC entry points (docs/facts.md, "vLLM P/D behind SMG"). Its
+answer is ``HealthCheckResponse{bool healthy = 1; ...}``. SGLang's gRPC mode is asked
+grpc.health.v1's ``Check`` (its own HealthCheck runs a generation; docs/facts.md, "SGLang's
+gRPC mode"), which answers ``{ServingStatus status = 1}`` with SERVING = 1 (the empty request
+asks about the whole server): in both, healthy is field 1 as varint 1, so one reading serves
+either. The response headers are not decoded (that would need HPACK's
 Huffman table): a failed call carries no DATA frame (its status is in the trailers), and no
 message is no health.
 """

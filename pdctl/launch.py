@@ -2,9 +2,9 @@
 
 Read from the words of one command (their values, quotes removed; pdctl/commands.py splits
 them), never by matching the raw text:
-- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py), over HTTP:
-  its gRPC mode (``--grpc-mode``, dstack's pd-grpc.dstack.yml) is refused, as pdctl does not
-  run SGLang's gRPC scheduler service;
+- SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py), over HTTP, or
+  over gRPC with ``--grpc-mode`` (dstack's pd-grpc.dstack.yml: SGLang then serves SMG's
+  ``sglang.grpc.scheduler.SglangScheduler`` and grpc.health.v1 on its port, no HTTP);
 - vLLM over gRPC: ``vllm serve MODEL --grpc ...`` or ``python -m vllm.entrypoints.grpc_server``.
   SMG routes vLLM workers over gRPC only (docs/facts.md, "vLLM P/D behind SMG"), so a vLLM
   HTTP server (``vllm serve`` without ``--grpc``, the OpenAI api_server module) is refused.
@@ -25,6 +25,8 @@ from typing import Literal
 
 Engine = Literal["sglang", "vllm"]
 ENGINES: tuple[Engine, ...] = ("sglang", "vllm")
+# How SMG reaches a worker: SGLang over HTTP (or gRPC in its --grpc-mode), vLLM over gRPC.
+Connection = Literal["http", "grpc"]
 Role = Literal["prefill", "decode"]
 # vLLM's kv_role values (KVTransferConfig) and the P/D role each gives a worker.
 KV_ROLES: dict[str, Role | None] = {
@@ -33,8 +35,10 @@ KV_ROLES: dict[str, Role | None] = {
     "kv_both": None,
 }
 KV_CONFIG_FLAG = "--kv-transfer-config"
-# SGLang's flag that makes a worker serve SMG over gRPC (dstack's pd-grpc.dstack.yml).
+# SGLang's flag that makes a worker serve SMG over gRPC (dstack's pd-grpc.dstack.yml); a
+# switch, which SGLang's argparse also takes abbreviated (down to --grpc).
 GRPC_MODE = "--grpc-mode"
+_GRPC_MODE_SHORTEST = "--grpc"
 _KV_EXAMPLE = f"""{KV_CONFIG_FLAG} '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'"""
 _KV_CONNECTOR = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 
@@ -71,6 +75,7 @@ class Launch:
 
     engine: Engine
     at: int  # the index of the word that names the server; its arguments follow it
+    connection: Connection = "http"
     kv_connector: str | None = None  # vLLM: from --kv-transfer-config
     kv_role: str | None = None
     # vLLM: the KV connector's own listener, when the config sets it (kv_port and kv_ip):
@@ -97,14 +102,9 @@ def find(values: list[str]) -> Launch | None:
     for at, value in enumerate(values):
         if SGLANG_WORD.fullmatch(value):
             sglang_args = tuple(values[at + 1 :])
-            if any(arg == GRPC_MODE or arg.startswith(f"{GRPC_MODE}=") for arg in sglang_args):
-                raise LaunchError(
-                    f"SGLang workers in gRPC mode ({GRPC_MODE}): pdctl runs SGLang workers "
-                    "over HTTP only",
-                    f"drop {GRPC_MODE}: the same image then serves SMG over HTTP, as in "
-                    "dstack's pd.dstack.yml, and `smg launch` needs no --enable-igw",
-                )
-            return Launch("sglang", at, args=sglang_args)
+            return Launch(
+                "sglang", at, connection=_sglang_connection(sglang_args), args=sglang_args
+            )
         if _VLLM_HTTP_MODULE.fullmatch(value):
             raise LaunchError(f"`{value}` starts vLLM's HTTP server", _GRPC_HINT)
         if _VLLM_GRPC_MODULE.fullmatch(value):
@@ -117,6 +117,24 @@ def find(values: list[str]) -> Launch | None:
                 )
             return _vllm(values, at + 1)
     return None
+
+
+def _sglang_connection(args: tuple[str, ...]) -> Connection:
+    """gRPC when the arguments switch SGLang's gRPC mode on (the flag, or argparse's
+    abbreviation of it), else HTTP."""
+    grpc = False
+    for arg in args:
+        name, inline, _ = arg.partition("=")
+        if len(name) < len(_GRPC_MODE_SHORTEST) or not GRPC_MODE.startswith(name):
+            continue
+        if inline:
+            raise LaunchError(
+                f"`{arg}`: {GRPC_MODE} is a switch and takes no value",
+                f"write {GRPC_MODE} alone (SGLang then serves SMG over gRPC), or leave it out "
+                "(HTTP)",
+            )
+        grpc = True
+    return "grpc" if grpc else "http"
 
 
 def _vllm(values: list[str], at: int) -> Launch:
@@ -148,6 +166,7 @@ def _vllm(values: list[str], at: int) -> Launch:
     return Launch(
         "vllm",
         at,
+        connection="grpc",
         kv_connector=connector,
         kv_role=role,
         kv_port=kv_port,

@@ -21,14 +21,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from pdctl import layout, model_cache, topology, validate
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
 from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
+from pdctl.grpc_health import GRPC_HEALTH_CHECK, GRPC_STANDARD_HEALTH
 from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
-from pdctl.launch import Engine
+from pdctl.launch import Connection, Engine
 from pdctl.layout import Layout, Roots
 from pdctl.port_ledger import MAX_PORT, Ledger, Span
 from pdctl.router_flags import IGW_FLAG, dropped_flags, kept_flags, launch_line
@@ -79,6 +80,14 @@ def _ucx_device(value: str) -> str:
     return value
 
 
+def _stored_vllm_connection(data: Any) -> Any:
+    """A stored plan from before slots and groups said their connection: its vLLM workers
+    spoke gRPC (and its SGLang workers HTTP, the default)."""
+    if isinstance(data, dict) and data.get("engine") == "vllm" and "connection" not in data:
+        return {**data, "connection": "grpc"}
+    return data
+
+
 class Slot(BaseModel):
     group: WorkerRole
     index: int
@@ -96,6 +105,8 @@ class Slot(BaseModel):
     # UCX_NET_DEVICES entries (device:port) for a NIXL slot, the same NICs; empty: not set.
     ucx_net_devices: list[Annotated[str, AfterValidator(_ucx_device)]] = Field(default_factory=list)
     engine: Engine = "sglang"
+    # How SMG reaches the worker: vLLM over gRPC, SGLang over HTTP or in its gRPC mode.
+    connection: Connection = "http"
     # vLLM: the first port of the slot's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT; its
     # ranks take the next ones, one per GPU at most), and its KV connector and role as SMG
     # is told them (pdctl/launch.py checked both).
@@ -106,6 +117,11 @@ class Slot(BaseModel):
     # (its ranks take the next ones); the user's port, accounted for, never moved.
     kv_port: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_speaks_grpc(cls, data: Any) -> Any:
+        return _stored_vllm_connection(data)
+
     @property
     def name(self) -> str:
         return f"{self.group}/{self.index}"
@@ -115,14 +131,20 @@ class Slot(BaseModel):
 
     @property
     def url(self) -> str:
-        """The worker's URL as the router knows it: vLLM workers speak gRPC only."""
-        scheme = "grpc" if self.engine == "vllm" else "http"
-        return f"{scheme}://{self.address}:{self.port}"
+        """The worker's URL as the router knows it (grpc:// for a gRPC worker)."""
+        return f"{self.connection}://{self.address}:{self.port}"
+
+    @property
+    def grpc_health(self) -> str:
+        """The gRPC method that says whether a gRPC worker is healthy (pdctl/grpc_health.py):
+        vLLM's own HealthCheck, which SMG calls too; for SGLang grpc.health.v1, which its gRPC
+        server answers without running a generation (its own HealthCheck runs one)."""
+        return GRPC_HEALTH_CHECK if self.engine == "vllm" else GRPC_STANDARD_HEALTH
 
     def probe_url(self, path: str) -> str:
         """What the roles' probe asks (templates/unit-probe.py): the spec's HTTP probe path,
-        or a vLLM worker's gRPC health (pdctl/grpc_health.py)."""
-        return self.url if self.engine == "vllm" else f"{self.url}{path}"
+        or for a gRPC worker its health method (grpc://H:P/package.Service/Method)."""
+        return f"{self.url}{self.grpc_health if self.connection == 'grpc' else path}"
 
     def registration(self) -> dict[str, Any]:
         """The body of SMG's POST /workers for this slot (docs/facts.md, SMG worker API)."""
@@ -130,6 +152,8 @@ class Slot(BaseModel):
         if self.engine == "vllm":
             body |= {"runtime_type": "vllm", "kv_connector": self.kv_connector}
             body["kv_role"] = self.kv_role
+        elif self.connection == "grpc":
+            body["runtime_type"] = "sglang"  # SMG's own key ("runtime" is its alias)
         else:
             body["runtime"] = "sglang"
         if self.bootstrap_port is not None:
@@ -177,6 +201,7 @@ class Slot(BaseModel):
 class GroupPlan(BaseModel):
     role: WorkerRole
     engine: Engine = "sglang"
+    connection: Connection = "http"
     min: int
     max: int
     gpus_per_replica: int
@@ -188,6 +213,11 @@ class GroupPlan(BaseModel):
     script: str
     config: str  # hash of what a replica runs: a change means a rolling update
     slots: list[Slot] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_speaks_grpc(cls, data: Any) -> Any:
+        return _stored_vllm_connection(data)
 
 
 class ProbePlan(BaseModel):
@@ -424,7 +454,7 @@ def router_args(spec: Spec) -> list[str]:
     else:
         args = kept_flags(launch)
     # SMG 1.13 routes dynamically registered gRPC workers only as its IGW (docs/facts.md).
-    if spec.engine == "vllm" and IGW_FLAG not in args:
+    if spec.connection == "grpc" and IGW_FLAG not in args:
         args.append(IGW_FLAG)
     return args
 
@@ -581,6 +611,11 @@ def _spec_notes(spec: Spec) -> list[str]:
             f"router: {', '.join(dropped)} left out of `smg launch` (SMG takes the tokenizer "
             "from the workers)"
         )
+    if spec.connection == "grpc" and IGW_FLAG not in (kept_flags(line) if line else []):
+        notes.append(
+            f"router: {IGW_FLAG} added to `smg launch` (SMG routes the gRPC workers pdctl "
+            "registers only in its IGW mode)"
+        )
     if spec.ignored:
         notes.append(f"dstack settings pdctl does not use, ignored: {', '.join(spec.ignored)}")
     return notes
@@ -615,6 +650,7 @@ def _group_plan(spec: Spec, env: Env, role: WorkerRole, secrets_digest: str) -> 
     return GroupPlan(
         role=role,
         engine=group.engine,
+        connection=group.connection,
         min=low,
         max=high,
         gpus_per_replica=per_replica,
@@ -784,6 +820,7 @@ def _place(
             bootstrap_port=None,
             start=index <= group_plan.min,
             engine=group_plan.engine,
+            connection=group_plan.connection,
             kv_connector=launch.kv_connector if launch else None,
             kv_role=launch.kv_role if launch else None,
             kv_port=launch.kv_port if launch else None,

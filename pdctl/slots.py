@@ -121,16 +121,18 @@ class Actuator:
         )
 
     def healthy(self, slot: Slot) -> bool:
-        """Whether the slot's worker answers its probe: the spec's HTTP probe, or for a vLLM
-        worker (gRPC only) its gRPC health call, through the host's SSH connection."""
+        """Whether the slot's worker answers its probe: the spec's HTTP probe, or for a gRPC
+        worker (vLLM, SGLang's gRPC mode) its gRPC health call, through the host's SSH
+        connection."""
         connector = self.connector(self.targets[slot.host])
-        if slot.engine == "vllm":
+        if slot.connection == "grpc":
             try:
                 stream = connector(slot.address, slot.port)
             except (OSError, HostError):
                 return False
             try:
-                return grpc_healthy(stream, f"{slot.address}:{slot.port}", timeout=5)
+                authority = f"{slot.address}:{slot.port}"
+                return grpc_healthy(stream, authority, slot.grpc_health, timeout=5)
             finally:
                 stream.close()
         try:

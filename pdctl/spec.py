@@ -34,7 +34,7 @@ from pdctl import hf_layout, layout, validate
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import GpuVendor
-from pdctl.launch import Engine, Launch
+from pdctl.launch import GRPC_MODE, Connection, Engine, Launch
 from pdctl.router_flags import RouterFlagError, group_policy, kept_flags, launch_line
 from pdctl.yamlsrc import Located, YamlError, load_text, read_text_capped
 
@@ -545,6 +545,12 @@ class ReplicaGroup(Strict):
         return launch.engine if launch is not None else "sglang"
 
     @property
+    def connection(self) -> Connection:
+        """How SMG reaches the group's workers (pdctl/launch.py)."""
+        launch = self.launch
+        return launch.connection if launch is not None else "http"
+
+    @property
     def named_role(self) -> Literal["prefill", "decode"] | None:
         """The role said outside the command: pdctl.role, else the group's name."""
         if self.pdctl is not None and self.pdctl.role is not None:
@@ -679,6 +685,11 @@ class Spec(Strict):
     def engine(self) -> Engine:
         """The engine of the service's workers (parse() checks both groups run the same)."""
         return self.group("prefill").engine
+
+    @property
+    def connection(self) -> Connection:
+        """How SMG reaches the service's workers (parse() checks both groups' agree)."""
+        return self.group("prefill").connection
 
     def gpus(self, group: ReplicaGroup) -> Gpu | None:
         resources = group.resources or self.resources
@@ -1065,21 +1076,32 @@ def _check_launches(spec: Spec, path: Path, located: Located) -> None:
 
 
 def _check_engines(spec: Spec, path: Path, located: Located) -> None:
-    """One service, one engine: SMG routes a service's requests from prefill to decode, and
-    the two halves must speak the same KV transfer."""
-    engines = {role: spec.group(role).engine for role in ("prefill", "decode")}
-    if engines["prefill"] == engines["decode"]:
+    """One service, one engine and one connection: SMG routes a service's requests from
+    prefill to decode over one protocol, and the two halves must speak the same KV transfer."""
+    groups = {role: spec.group(role) for role in ("prefill", "decode")}
+    runs = {role: _engine_name(g.engine, g.connection) for role, g in groups.items()}
+    if runs["prefill"] == runs["decode"]:
         return
-    index = spec.replicas.index(spec.group("decode"))
+    index = spec.replicas.index(groups["decode"])
+    same_engine = groups["prefill"].engine == groups["decode"].engine
     raise SpecError(
         path,
         located.line_of(("replicas", index, "commands")),
         f"replicas[{index}].commands",
-        f"the prefill group runs {engines['prefill']} and the decode group {engines['decode']}: "
-        "a service runs one engine for both",
-        hint="launch both groups with the same engine (pdctl finds the engine in the launch "
-        "command: sglang.launch_server, vllm serve --grpc, vllm.entrypoints.grpc_server)",
+        f"the prefill group runs {runs['prefill']} and the decode group {runs['decode']}: "
+        "a service runs one engine for both, over one connection",
+        hint=(
+            f"give both groups {GRPC_MODE} or neither (SMG talks to a service's workers one way)"
+            if same_engine
+            else "launch both groups with the same engine (pdctl finds the engine in the launch "
+            "command: sglang.launch_server, vllm serve --grpc, vllm.entrypoints.grpc_server)"
+        ),
     )
+
+
+def _engine_name(engine: Engine, connection: Connection) -> str:
+    """How messages name a group's workers: "sglang", "sglang over gRPC", "vllm"."""
+    return f"{engine} over gRPC" if engine == "sglang" and connection == "grpc" else engine
 
 
 def _scaling_error(path: Path, located: Located, index: int, problem: str, hint: str) -> SpecError:
@@ -1109,11 +1131,12 @@ def _check_scaling(spec: Spec, path: Path, located: Located) -> None:
             )
         if scaling.metric not in LATENCY_METRICS:
             continue
-        if group.engine == "vllm":
+        if group.connection == "grpc":
+            worker_kind = "a vLLM" if group.engine == "vllm" else f"an SGLang ({GRPC_MODE})"
             raise refuse(
-                f"{scaling.metric} is read from the workers' HTTP /metrics, and a vLLM gRPC "
-                "worker serves no HTTP",
-                "scale the vLLM group on rps",
+                f"{scaling.metric} is read from the workers' HTTP /metrics, and {worker_kind} "
+                "gRPC worker serves no HTTP",
+                f"scale the {worker} group on rps (SMG counts its requests)",
             )
 
 

@@ -20,10 +20,11 @@ def scaler_requirements() -> list[str]:
     return pinned
 
 
-# The lab's vLLM stand-in image serves SMG's gRPC protocol (PyPI smg-grpc-proto) with these,
-# unpacked from the wheelhouse (pdctl/lab/worker_tree.py). smg-grpc-proto is pinned in
-# pyproject.toml's dev extras too, so the tests run the stand-in with the venv's interpreter.
-VLLM_STANDIN_PACKAGES = {
+# The lab's gRPC stand-ins (vLLM's, and SGLang's in --grpc-mode) serve SMG's gRPC protocol
+# (PyPI smg-grpc-proto) with these, unpacked from the wheelhouse into both worker images
+# (pdctl/lab/worker_tree.py). smg-grpc-proto is pinned in pyproject.toml's dev extras too, so
+# the tests run the stand-ins with the venv's interpreter.
+GRPC_STANDIN_PACKAGES = {
     "grpcio": "1.85.3",
     "grpcio-health-checking": "1.85.1",
     "protobuf": "7.36.2",

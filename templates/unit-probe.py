@@ -1,7 +1,9 @@
 # pdctl unit probe: run on a host as `python3 -c "$(cat unit-probe.py)" URL UNIT TIMEOUT`.
-# A grpc://HOST:PORT URL (a vLLM worker) is asked its gRPC health by pdctl/grpc_health.py's
-# grpc_healthy, whose text the roles put ahead of this one (one implementation of the call,
-# shared with pdctl and the scaler): 200 when healthy, 503 when it answers otherwise.
+# A grpc://HOST:PORT/package.Service/Method URL (a gRPC worker: vLLM, SGLang's --grpc-mode) is
+# asked that health method by pdctl/grpc_health.py's grpc_healthy, whose text the roles put
+# ahead of this one (one implementation of the call, shared with pdctl and the scaler): 200 when
+# healthy, 503 when it answers otherwise. Without a method (a plan from before the URL named
+# one) it asks vLLM's HealthCheck, grpc_healthy's default.
 # Prints one JSON line: {"status": HTTP status of URL (0: no answer), "state": the unit's
 # ActiveState, "restarts": its NRestarts, "journal": its last lines when not healthy}.
 # The roles wait on it until status is 200 or systemd gave up on the unit (state failed),
@@ -18,10 +20,12 @@ import urllib.request
 url, unit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 try:
     if url.startswith("grpc://"):
-        authority = url[len("grpc://"):].rstrip("/")
+        authority, slash, method = url[len("grpc://"):].partition("/")
         address, _, port = authority.rpartition(":")
+        asked = {"path": f"/{method}"} if slash and method else {}
         with socket.create_connection((address.strip("[]"), int(port)), timeout=timeout) as stream:
-            status = 200 if grpc_healthy(stream, authority, timeout=timeout) else 503  # noqa: F821
+            healthy = grpc_healthy(stream, authority, timeout=timeout, **asked)  # noqa: F821
+            status = 200 if healthy else 503
     else:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
             status = reply.status

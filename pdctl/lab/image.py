@@ -3,8 +3,10 @@
 Real clusters often load images from an archive (no registry in reach); the
 lab does the same: these archives are loaded into each GPU host's podman. They are
 built from the lab rootfs's own packages and the wheelhouse's wheels (no registry, no
-podman needed here) and cached by content. One image per engine: SGLang's stand-in and
-vLLM's (worker_tree.py says which Python files each holds).
+podman needed here) and cached by content. One image per engine, SGLang's and vLLM's, each of
+three layers: Debian's python3, the stand-ins with their gRPC packages (the same bytes in both,
+so a host that loaded one image loads only the other's last layer), the engine's entry points
+(worker_tree.py says which Python files each holds).
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from pathlib import Path
 
 from pdctl.lab import worker_tree
 from pdctl.lab.worker_tree import Engine
-from pdctl.versions import VLLM_STANDIN_PACKAGES
+from pdctl.versions import GRPC_STANDIN_PACKAGES
 from pdctl.workspace import cache_dir
 
 # What every image's base layer holds: these packages and what they depend on (per the
 # rootfs's dpkg database), less the package-management machinery a container never runs.
-# libstdc++6: grpcio's and protobuf's native modules (vLLM image) link it. The images share
-# that layer, so a host that loaded one image loads only the other's engine layer.
+# libstdc++6: grpcio's and protobuf's native modules (the gRPC stand-ins) link it.
 _ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils", "libstdc++6")
 
 
@@ -40,7 +41,6 @@ class WorkerImage:
     archive_name: str
     title: str
     cmd: tuple[str, ...]
-    wheels: tuple[str, ...] = ()  # PyPI packages, from the wheelhouse
 
     @property
     def name(self) -> str:
@@ -62,7 +62,6 @@ VLLM = WorkerImage(
     archive_name="vllm-rocm-lab.tar",
     title="pdctl lab vLLM stand-in",
     cmd=("vllm", "serve", "--help"),
-    wheels=tuple(VLLM_STANDIN_PACKAGES),
 )
 IMAGES = (SGLANG, VLLM)
 WORKER_IMAGE = SGLANG.name  # what `worker_image` has always named
@@ -158,20 +157,21 @@ def _digest(rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> str:
 
 def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
     """The directory holding every worker image's archive (IMAGES), built when missing."""
-    chosen = {spec: worker_tree.wheels_for(wheelhouse, spec.wheels) for spec in IMAGES}
-    key = hashlib.sha256("".join(_digest(rootfs, s, w) for s, w in chosen.items()).encode())
+    wheels = worker_tree.wheels_for(wheelhouse, GRPC_STANDIN_PACKAGES)
+    key = hashlib.sha256("".join(_digest(rootfs, s, wheels) for s in IMAGES).encode())
     target = cache_dir() / "images" / key.hexdigest()[:16]
     if all((target / spec.archive_name).is_file() for spec in IMAGES):
         return target
     images = target.parent
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images) as tmp:
-        base = Path(tmp) / "base.tar"
+        base, shared = Path(tmp) / "base.tar", Path(tmp) / "shared.tar"
         _write_base_layer(base, rootfs)
-        for spec, wheels in chosen.items():
+        _write_layer(shared, worker_tree.shared_entries(wheels))
+        for spec in IMAGES:
             layer = Path(tmp) / "engine.tar"
-            _write_engine_layer(layer, spec, wheels)
-            _write_archive(Path(tmp) / spec.archive_name, [base, layer], spec)
+            _write_layer(layer, worker_tree.engine_entries(spec.engine))
+            _write_archive(Path(tmp) / spec.archive_name, [base, shared, layer], spec)
             layer.unlink()
         target.mkdir(exist_ok=True)
         for spec in IMAGES:
@@ -240,11 +240,11 @@ def _write_base_layer(path: Path, rootfs: Path) -> None:
                 layer.link(name, target)
 
 
-def _write_engine_layer(path: Path, spec: WorkerImage, wheels: list[Path]) -> None:
-    """The engine's stand-in, entry points and wheels (worker_tree.py)."""
+def _write_layer(path: Path, entries: list[worker_tree.Entry]) -> None:
+    """A layer of worker_tree's files (the stand-ins and wheels, or an engine's entry points)."""
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
         layer = _Layer(tar)
-        for entry in worker_tree.entries(spec.engine, wheels):
+        for entry in entries:
             name = f"{_AREAS[entry.area]}/{entry.path}"
             if name not in layer.seen:
                 layer.file(name, entry.data, entry.mode)
@@ -279,7 +279,7 @@ def _write_archive(archive: Path, layers: list[Path], spec: WorkerImage) -> None
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{i}" for i in layer_ids]},
             "history": [
                 {"created": "1970-01-01T00:00:00Z", "created_by": f"pdctl lab image: {what}"}
-                for what in ("python3", spec.engine)
+                for what in ("python3", "stand-ins", spec.engine)
             ],
         },
         sort_keys=True,

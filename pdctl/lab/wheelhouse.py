@@ -1,5 +1,5 @@
 """A local wheelhouse: the pinned SMG wheel, the scaler's packages, their dependencies, and
-the vLLM stand-in image's packages (image.py unpacks those into the image).
+the gRPC stand-ins' packages (image.py unpacks those into the worker images).
 
 Lab hosts, like many real GPU clusters, have no internet: the router and
 scaler roles install from this directory (mounted at /opt/pdctl-lab/wheelhouse).
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pdctl.errors import EnvironmentProblem
 from pdctl.lab.system import run
-from pdctl.versions import SMG_VERSION, VLLM_STANDIN_PACKAGES, scaler_requirements
+from pdctl.versions import GRPC_STANDIN_PACKAGES, SMG_VERSION, scaler_requirements
 from pdctl.workspace import cache_dir
 
 # Lab hosts run Debian bookworm's python3 (3.11, glibc 2.36).
@@ -46,7 +46,7 @@ _PLATFORMS = [
 
 
 def ensure_wheelhouse(progress: Callable[[str], None]) -> Path:
-    standin = [f"{name}=={version}" for name, version in VLLM_STANDIN_PACKAGES.items()]
+    standin = [f"{name}=={version}" for name, version in GRPC_STANDIN_PACKAGES.items()]
     wanted = [f"smg=={SMG_VERSION}", *scaler_requirements(), *standin]
     digest = hashlib.sha256(" ".join(wanted).encode()).hexdigest()[:12]
     target = cache_dir() / "wheelhouse" / f"smg-{SMG_VERSION}-{digest}"
@@ -55,7 +55,7 @@ def ensure_wheelhouse(progress: Callable[[str], None]) -> Path:
         return target
     target.mkdir(parents=True, exist_ok=True)
     progress(
-        f"downloading smg=={SMG_VERSION}, the scaler's and the vLLM stand-in's packages "
+        f"downloading smg=={SMG_VERSION}, the scaler's and the gRPC stand-ins' packages "
         "and their dependencies"
     )
     platforms = [arg for platform in _PLATFORMS for arg in ("--platform", platform)]

@@ -3,8 +3,10 @@
 The stand-ins (pdctl/lab/worker) are installed as the package ``pdlab_worker``; thin entry
 points carry the real engines' spellings (``python3 -m sglang.launch_server``, ``vllm serve``,
 ``python3 -m vllm.entrypoints.grpc_server``), so pdctl's units run unchanged command lines.
-The vLLM stand-in's third-party packages (grpcio, protobuf, smg-grpc-proto) are unpacked from
-the wheelhouse's wheels, as ``pip install`` would lay them out (no pip in the image).
+The gRPC stand-ins' third-party packages (grpcio, protobuf, smg-grpc-proto: vLLM's, and
+SGLang's in --grpc-mode) are unpacked from the wheelhouse's wheels, as ``pip install`` would lay
+them out (no pip in the image). The stand-ins and those packages are the same in every image
+(:func:`shared_entries`); only the entry points differ (:func:`engine_entries`).
 Tests lay out the same tree in a directory (:func:`write_tree`) and run the stand-ins from it.
 """
 
@@ -152,8 +154,18 @@ def wheels_for(wheelhouse: Path, packages: Iterable[str]) -> list[Path]:
     return sorted(chosen.values())
 
 
+def shared_entries(wheels: Iterable[Path] = ()) -> list[Entry]:
+    """What every engine's image holds: the stand-ins and the gRPC packages."""
+    return [*stand_in_files(), *wheel_files(wheels)]
+
+
+def engine_entries(engine: Engine) -> list[Entry]:
+    """The entry points spelled as the engine's own."""
+    return list(_SHIMS[engine])
+
+
 def entries(engine: Engine, wheels: Iterable[Path] = ()) -> list[Entry]:
-    return [*stand_in_files(), *_SHIMS[engine], *wheel_files(wheels)]
+    return [*shared_entries(wheels), *engine_entries(engine)]
 
 
 def digest(engine: Engine, wheels: Iterable[Path] = ()) -> str:

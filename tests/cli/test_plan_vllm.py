@@ -48,7 +48,8 @@ def test_the_amd_example_plans_one_tp8_prefill_and_decode(
           env=ENV)  # fmt: skip
     extravars = yaml.load(out.read_text(), Loader=yaml.BaseLoader)
     (entry,) = extravars["pd_host_slots"][prefill["host"]]
-    assert entry["url"] == entry["probe_url"] == f"grpc://127.0.0.1:{prefill['port']}"
+    assert entry["url"] == f"grpc://127.0.0.1:{prefill['port']}"
+    assert entry["probe_url"] == f"{entry['url']}/vllm.grpc.engine.VllmEngine/HealthCheck"
     assert entry["registration"]["runtime_type"] == "vllm"
     assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"

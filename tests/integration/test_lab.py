@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
-from pdctl.lab.worker.vllm import tokenizer
+from pdctl.lab.worker.common import tokenizer
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab, wait_for
 
 PROVIDER_WARNING = "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'"

@@ -5,6 +5,10 @@ deployed with `pdctl fleet add` as `lab status` prints it and `pdctl deploy`, no
 (the lab's hub makes the file's model on its first request); a chat through SMG; every worker
 container holds exactly its slot's NVIDIA devices (given by real podman CDI) and no ROCm
 device, its NIC nearest its GPU in PDCTL_RDMA_DEVICES and UCX_NET_DEVICES; scale and destroy.
+Then dstack's gRPC variant of the file (SGLang workers with --grpc-mode, `smg launch
+--enable-igw`; tests/data/dstack/lab/sglang-pd-grpc.dstack.yml) on the same hosts: SMG holds
+the workers as grpc:// SGLang workers and a chat comes back (that SMG counts gRPC requests for
+the scaler's RPS: tests/integration/test_sglang_grpc_worker_with_smg.py).
 
 The tests run in file order and share one deployment. Everything is the real program (sshd,
 Ansible, systemd, podman with CDI, SMG, the scaler) but the GPUs and SGLang itself.
@@ -17,6 +21,7 @@ import json
 import re
 import shlex
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 DSTACK_FILE = ROOT / "tests" / "data" / "dstack" / "lab" / "sglang-pd.dstack.yml"
+GRPC_FILE = DSTACK_FILE.with_name("sglang-pd-grpc.dstack.yml")
 SERVICE = "prefill-decode"  # the file's own name
 GPU_NODES = ("node2", "node3")
 
@@ -264,7 +270,34 @@ def test_destroy_leaves_the_hosts_clean(nv: Deployment) -> None:
         ).stdout.split()
         assert left == ["0", "0"], (node, left)
     assert pdctl_json(nv.lab.home, "fleet", "show", "lab")["services"] == {}
-    pdctl(nv.lab.home, "lab", "down")  # before the mixed lab boots: one lab at a time
+
+
+def _router_workers(endpoint: str, key: str) -> list[dict[str, Any]]:
+    """SMG's own list of the workers it holds (GET /workers, behind the API key)."""
+    ask = urllib.request.Request(f"{endpoint}/workers", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(ask, timeout=10) as reply:
+        return list(json.loads(reply.read())["workers"])
+
+
+def test_dstacks_grpc_file_deploys_and_chats_through_smg(nv: Deployment) -> None:
+    """SGLang in gRPC mode, as dstack publishes it (lab-sized): on the hosts the HTTP example
+    left clean, no other step."""
+    try:
+        doc = nv.json("deploy", str(GRPC_FILE), "--fleet", "lab", "-y")
+        endpoint, key = doc["endpoint"], nv.api_key()
+        assert doc["model"]["repo"] == MODEL  # from the file's MODEL_ID: it names no model
+        status, body = chat_when_ready(endpoint, "hello over gRPC", key)
+        assert status == 200, body
+        answer = body["choices"][0]["message"]["content"]
+        assert answer.startswith("[decode ") and "hello over gRPC" in answer
+        held = {w["worker_type"]: w for w in _router_workers(endpoint, key)}
+        assert set(held) == {"prefill", "decode"}  # count 1..N: one of each running
+        for worker in held.values():
+            assert worker["url"].startswith("grpc://") and worker["runtime_type"] == "sglang"
+            assert worker["connection_mode"] == "grpc" and worker["status"] == "ready"
+        assert held["prefill"]["bootstrap_port"] == 8998  # the file's own
+    finally:  # the hosts go with the lab (destroy is tested above)
+        pdctl(nv.lab.home, "lab", "down")  # before the mixed lab boots: one lab at a time
 
 
 # ---------------------------------------------------------------- a fleet of both vendors

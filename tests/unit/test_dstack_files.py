@@ -1,6 +1,6 @@
 """dstack's own published P/D files (tests/data/dstack/, SOURCES says where each came from),
-unchanged: each plans on a lab-shaped fleet or is refused in one line saying what to do; the
-lab-sized copies differ from their originals only in GPU count, cpu/memory minimums and image.
+unchanged: each plans on a lab-shaped fleet; the lab-sized copies differ from their originals
+only in GPU count, cpu/memory minimums and image.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 from pdctl.errors import CheckFailed
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build, listeners
-from pdctl.spec import Gpu, Resources, SpecError, load
+from pdctl.spec import Gpu, Resources, load
 from tests.hostfacts import amd_facts, nvidia_facts
 from tests.support import assert_apart
 
@@ -25,11 +25,12 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "dstack"
 SOURCES = yaml.safe_load((DATA / "SOURCES").read_text())
 ENV = {"HF_TOKEN": "hf_value"}
 CHECKED = Preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00", checks=[])
-REFUSED = {"sglang-pd-grpc.dstack.yml"}  # SGLang workers in gRPC mode
-PLANNED = sorted(set(SOURCES["files"]) - REFUSED)
+PLANNED = sorted(SOURCES["files"])
 # The lab copies: (copy, original); the lab's 3 hosts (`lab up --hosts 3 --cpu-hosts 1`).
-LAB_COPIES = [("lab/amd-pd.dstack.yml", "amd-pd.dstack.yml"), ("lab/sglang-pd.dstack.yml",
-              "sglang-pd.dstack.yml")]  # fmt: skip
+LAB_COPIES = [
+    (f"lab/{name}", name)
+    for name in ("amd-pd.dstack.yml", "sglang-pd.dstack.yml", "sglang-pd-grpc.dstack.yml")
+]
 
 
 def lab_shaped(vendor: str, gpu_hosts: int, cpus: int = 64, memory_gb: float = 256.0) -> Fleet:
@@ -136,13 +137,33 @@ def test_the_notes_say_what_pdctl_leaves_out_of_dstacks_vllm_file() -> None:
     assert images == {"ghcr.io/lightseekorg/smg:1.4.1-vllm-v0.18.0"}  # each group's own
 
 
-def test_sglang_in_grpc_mode_is_refused_in_one_line_saying_what_to_do() -> None:
-    with pytest.raises(SpecError) as caught:
-        load(DATA / "sglang-pd-grpc.dstack.yml", ENV)
-    line = caught.value.one_line()
-    assert "\n" not in line
-    assert ":33: replicas[1].commands[0]: SGLang workers in gRPC mode (--grpc-mode)" in line
-    assert "drop --grpc-mode" in line
+def test_dstacks_sglang_grpc_file_plans_grpc_workers_behind_an_igw_router() -> None:
+    """SGLang with --grpc-mode: SMG reaches the workers at grpc://, registers them with
+    runtime_type sglang (the prefill with its bootstrap port), in its IGW mode (the file's
+    --enable-igw kept); the router's `--model-path $MODEL_ID` is left out (SMG takes the
+    tokenizer from the workers' GetTokenizer), and pdctl probes grpc.health.v1."""
+    spec, env = load(DATA / "sglang-pd-grpc.dstack.yml", ENV)
+    plan = build(spec, env, lab_shaped("nvidia", 2), secrets_digest="")
+    assert "--enable-igw" in plan.router.args and "--model-path" not in plan.router.args
+    assert not any("$MODEL_ID" in arg for arg in plan.router.args)
+    assert any("--model-path left out of `smg launch`" in note for note in plan.notes)
+    assert not any("--enable-igw added" in note for note in plan.notes)  # the file has it
+    prefill, decode = plan.groups["prefill"], plan.groups["decode"]
+    assert (prefill.connection, decode.connection) == ("grpc", "grpc")
+    assert prefill.image == decode.image == "ghcr.io/lightseekorg/smg:1.4.1-sglang-v0.5.10"
+    first = prefill.slots[0]
+    assert first.registration() == {
+        "url": f"grpc://{first.address}:{first.port}",
+        "worker_type": "prefill",
+        "runtime_type": "sglang",
+        "bootstrap_port": first.bootstrap_port,
+    }
+    assert first.bootstrap_port is not None
+    assert first.probe_url("/health") == f"{first.url}/grpc.health.v1.Health/Check"
+    assert "--disaggregation-bootstrap-port $PDCTL_BOOTSTRAP_PORT" in prefill.script
+    assert "--grpc-mode" in prefill.script and "--grpc-mode" in decode.script
+    assert decode.slots[0].registration()["url"].startswith("grpc://")
+    assert "bootstrap_port" not in decode.slots[0].registration()
 
 
 def test_the_published_files_need_the_fleet_they_name() -> None:
@@ -194,8 +215,9 @@ def test_a_lab_copy_differs_only_in_gpu_count_cpu_memory_minimums_and_image(
                 getattr(Resources.model_validate({field: v}), field) for v in (old, new)
             )
             assert after.min < before.min and after.max in {None, after.min}, where
-        else:
-            assert where == ".image" and new.startswith("localhost/pdctl-lab/"), where
+        else:  # the service's image or a worker group's
+            assert re.fullmatch(r"(\.replicas\[\d+\])?\.image", where), where
+            assert new.startswith("localhost/pdctl-lab/"), where
 
 
 @pytest.mark.parametrize(("copy", "original"), LAB_COPIES)

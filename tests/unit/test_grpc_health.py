@@ -147,6 +147,11 @@ def test_the_host_probe_asks_a_grpc_worker(server: int) -> None:
     assert _probe(f"grpc://127.0.0.1:{server}")["status"] == 200
     Answers.vllm = None
     assert _probe(f"grpc://127.0.0.1:{server}")["status"] == 503
+    # The method the URL names (a plan's probe_url): grpc.health.v1 for SGLang's gRPC mode.
+    assert _probe(f"grpc://127.0.0.1:{server}{GRPC_STANDARD_HEALTH}")["status"] == 200
+    assert _probe(f"grpc://127.0.0.1:{server}{GRPC_HEALTH_CHECK}")["status"] == 503
+    Answers.standard = None
+    assert _probe(f"grpc://127.0.0.1:{server}{GRPC_STANDARD_HEALTH}")["status"] == 503
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]

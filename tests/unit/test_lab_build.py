@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdctl.lab import image, rootfs, worker_tree
-from pdctl.versions import VLLM_STANDIN_PACKAGES
+from pdctl.versions import GRPC_STANDIN_PACKAGES
 
 
 def test_mirror_from_deb822_sources(tmp_path: Path) -> None:
@@ -80,9 +80,9 @@ def _fake_rootfs(root: Path) -> Path:
 
 
 def _fake_wheelhouse(root: Path) -> Path:
-    """One wheel per package the vLLM image takes, with pip's layout details in them."""
+    """One wheel per package the images take, with pip's layout details in them."""
     root.mkdir()
-    for name, version in VLLM_STANDIN_PACKAGES.items():
+    for name, version in GRPC_STANDIN_PACKAGES.items():
         module = name.replace("-", "_")
         with zipfile.ZipFile(root / f"{module}-{version}-py3-none-any.whl", "w") as wheel:
             wheel.writestr(f"{module}/__init__.py", f"# {name}\n")
@@ -95,9 +95,9 @@ def _fake_wheelhouse(root: Path) -> Path:
 
 def _layer(
     tmp_path: Path, archive: Path, spec: image.WorkerImage
-) -> tuple[bytes, dict[str, tarfile.TarInfo]]:
-    """The archive's layers (checked against its manifest and config): the first one's bytes
-    and every layer's members."""
+) -> tuple[list[bytes], dict[str, tarfile.TarInfo]]:
+    """The archive's layers (checked against its manifest and config): their bytes and every
+    layer's members."""
     with tarfile.open(archive) as outer:
         manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
         assert manifest[0]["RepoTags"] == [f"{spec.repository}:{t}" for t in spec.tags]
@@ -106,7 +106,7 @@ def _layer(
     assert config["rootfs"]["diff_ids"] == [
         f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers
     ]
-    assert len(config["history"]) == len(layers) == 2  # python3, then the engine
+    assert len(config["history"]) == len(layers) == 3  # python3, the stand-ins, the engine
     assert config["config"]["Cmd"] == list(spec.cmd)
     members: dict[str, tarfile.TarInfo] = {}
     for index, layer_bytes in enumerate(layers):
@@ -114,7 +114,7 @@ def _layer(
             names = layer.getnames()
             assert len(names) == len(set(names)), "podman refuses a layer with duplicate paths"
             members |= {m.name: m for m in layer.getmembers() if not m.isdir() or index == 0}
-    return layers[0], members
+    return layers, members
 
 
 def test_worker_image_archives_are_loadable_docker_archives(
@@ -125,9 +125,11 @@ def test_worker_image_archives_are_loadable_docker_archives(
     folder = image.ensure_images(_fake_rootfs(tmp_path / "rootfs"), wheels)
     assert image.ensure_images(tmp_path / "rootfs", wheels) == folder  # cached
     assert sorted(p.name for p in folder.iterdir()) == sorted(s.archive_name for s in image.IMAGES)
-    layer_bytes, members = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
-    vllm_base, _ = _layer(tmp_path, folder / image.VLLM.archive_name, image.VLLM)
-    assert vllm_base == layer_bytes  # one base layer: a host loads it once for both images
+    layers, members = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
+    vllm_layers, _ = _layer(tmp_path, folder / image.VLLM.archive_name, image.VLLM)
+    # python3 and the stand-ins are one layer each: a host loads them once for both images.
+    assert vllm_layers[:2] == layers[:2] and vllm_layers[2] != layers[2]
+    layer_bytes = layers[0]
     names = set(members)
     assert members["lib"].issym() and members["lib"].linkname == "usr/lib"
     assert "usr/lib/x86_64-linux-gnu/libc.so.6" in names  # /lib path stored under /usr
@@ -138,11 +140,12 @@ def test_worker_image_archives_are_loadable_docker_archives(
     assert "usr/lib/python3/dist-packages/sglang/launch_server.py" in names  # the entry point
     assert "usr/lib/python3/dist-packages/pdlab_worker/common/capacity.py" in names
     assert "usr/lib/python3/dist-packages/pdlab_worker/model_cache.py" in names
-    assert "usr/lib/python3/dist-packages/grpc/__init__.py" not in names  # vLLM's only
+    assert "usr/lib/python3/dist-packages/smg_grpc_proto/__init__.py" in names  # --grpc-mode
+    assert "usr/lib/python3/dist-packages/pdlab_worker/sglang/grpc_server.py" in names
     assert "video:x:44:" in layer_bytes.decode("latin-1")  # --group-add video needs the group
 
 
-def test_vllm_image_holds_its_entry_points_and_unpacked_wheels(
+def test_each_image_holds_its_entry_points_and_the_unpacked_wheels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
@@ -150,17 +153,22 @@ def test_vllm_image_holds_its_entry_points_and_unpacked_wheels(
         _fake_rootfs(tmp_path / "rootfs"), _fake_wheelhouse(tmp_path / "w")
     )
     _, members = _layer(tmp_path, folder / image.VLLM.archive_name, image.VLLM)
+    _, sglang = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
     site = "usr/lib/python3/dist-packages"
     assert members["usr/bin/vllm"].mode == 0o755
     assert f"{site}/vllm/entrypoints/grpc_server.py" in members
     assert f"{site}/pdlab_worker/vllm/server.py" in members
     assert f"{site}/sglang/launch_server.py" not in members  # SGLang's entry point is not here
-    for name in VLLM_STANDIN_PACKAGES:
+    assert f"{site}/vllm/__init__.py" not in sglang and "usr/bin/vllm" not in sglang
+    for name in GRPC_STANDIN_PACKAGES:
         module = name.replace("-", "_")
-        assert f"{site}/{module}/__init__.py" in members
-        assert f"{site}/{module}_extra.py" in members  # .data/purelib goes to site-packages
-        assert not any(f"{module}-tool" in m for m in members)  # scripts are not installed
-        assert any(m.startswith(f"{site}/{module}-") and m.endswith("/METADATA") for m in members)
+        for image_members in (members, sglang):
+            assert f"{site}/{module}/__init__.py" in image_members
+            assert f"{site}/{module}_extra.py" in image_members  # .data/purelib: site-packages
+            assert not any(f"{module}-tool" in m for m in image_members)  # no scripts
+            assert any(
+                m.startswith(f"{site}/{module}-") and m.endswith("/METADATA") for m in image_members
+            )
 
 
 def _wheel(folder: Path, name: str, *requires: str) -> Path:
@@ -189,5 +197,5 @@ def test_image_wheels_are_the_packages_and_what_they_require(tmp_path: Path) -> 
 def test_smg_grpc_proto_pins_agree() -> None:
     """The venv's smg-grpc-proto (the tests' stand-in) is the image's (versions.py)."""
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    pin = VLLM_STANDIN_PACKAGES["smg-grpc-proto"]
+    pin = GRPC_STANDIN_PACKAGES["smg-grpc-proto"]
     assert f'"smg-grpc-proto=={pin}"' in pyproject

@@ -24,10 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pdctl.lab.worker.common import tokenizer
+from pdctl.lab.worker.common.grpc_serving import Refused
 from pdctl.lab.worker.common.settings import StateFile
-from pdctl.lab.worker.vllm import tokenizer
 from pdctl.lab.worker.vllm.cli import Config, UsageError, parse
-from pdctl.lab.worker.vllm.engine import Engine, Refused, SideChannel
+from pdctl.lab.worker.vllm.engine import Engine, SideChannel
 from pdctl.lab.worker.vllm.server import start_failure
 from tests.support import worker_tree_dir
 

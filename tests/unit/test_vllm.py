@@ -205,7 +205,8 @@ def test_each_vllm_slot_has_its_port_side_channel_and_registration() -> None:
         "kv_role": "kv_consumer",
     }
     assert slots["prefill/1"].registration()["kv_role"] == "kv_producer"
-    assert decode.probe_url("/health") == "grpc://10.0.0.11:32000"
+    health = "grpc://10.0.0.11:32000/vllm.grpc.engine.VllmEngine/HealthCheck"
+    assert decode.probe_url("/health") == health
     assert plan.groups["decode"].engine == "vllm"
     assert "--enable-igw" in plan.router.args
     channels = [x for x in listeners(plan) if x.what.endswith("NIXL side channel")]
@@ -215,7 +216,7 @@ def test_each_vllm_slot_has_its_port_side_channel_and_registration() -> None:
     entries = plan.extravars()["pd_host_slots"]["gpu1"]
     entry = next(e for e in entries if e["group"] == "decode" and e["index"] == 2)
     assert entry["registration"] == decode.registration()
-    assert entry["probe_url"] == decode.url
+    assert entry["probe_url"] == health
     assert plan_from_extravars(plan.extravars()) == plan
 
 

@@ -44,8 +44,12 @@ At start, a prefill or decode worker on an RDMA transfer backend fails like libi
 Mooncake do when the host's RDMA provider library (``PDFAKE_PROVIDER_LIB``) is not mounted
 into the container.
 
-It runs on a bare Debian python3: standard library only, no import from pdctl, and from this
-package only by relative import (the lab image installs the package as ``sglang``).
+With ``--grpc-mode`` it serves SMG's gRPC protocol instead of this HTTP API, as SGLang does
+(grpc_server.py; a prefill keeps its bootstrap server).
+
+It runs on a bare Debian python3: standard library only (the gRPC mode also needs grpcio and
+smg-grpc-proto), no import from pdctl, and from this package only by relative import (the lab
+image installs the package as ``sglang``).
 """
 
 from __future__ import annotations
@@ -137,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--trust-remote-code", action="store_true")
     add("--api-key", default=None)
     add("--revision", default=None)  # of the model in the Hugging Face cache (model_cache.py)
+    # Serve SMG's gRPC protocol instead of HTTP (grpc_server.py; it needs grpcio).
+    add("--grpc-mode", action="store_true")
     # SGLang's histogram bounds (docs/facts.md, SGLang workers, Metrics); default: SGLang's.
     add("--bucket-time-to-first-token", type=float, nargs="+", default=None)
     add("--bucket-inter-token-latency", type=float, nargs="+", default=None)
@@ -145,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored)."""
+    """Known flags, and the unknown ones (real SGLang has hundreds; they are ignored).
+    SGLang's argparse also takes a flag abbreviated; this parser does not (an abbreviation of
+    one of its few flags may be another of SGLang's), but reads the gRPC switch abbreviated
+    (down to --grpc) as SGLang and pdctl do."""
     args, unknown = build_parser().parse_known_args(list(argv))
-    return args, [item for item in unknown if item.startswith("-")]
+    switch = [item for item in unknown if len(item) >= 6 and "--grpc-mode".startswith(item)]
+    args.grpc_mode = args.grpc_mode or bool(switch)
+    return args, [item for item in unknown if item.startswith("-") and item not in switch]
 
 
 def buckets(given: list[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -1105,13 +1116,15 @@ def announce_ready(runtime: Runtime) -> None:
         log("The server is fired up and ready to roll!")
 
 
-def start_servers(cfg: ServerConfig, runtime: Runtime) -> list[WorkerHTTPServer]:
+def start_servers(cfg: ServerConfig, runtime: Runtime, http: bool = True) -> list[WorkerHTTPServer]:
+    """A prefill's bootstrap server, and the HTTP API unless the gRPC server serves instead."""
     servers: list[WorkerHTTPServer] = []
     try:
         if cfg.mode == "prefill":
             servers.append(bind_server(cfg.host, cfg.bootstrap_port, bootstrap_for(runtime)))
             log(f"KV bootstrap server listening on {cfg.host}:{cfg.bootstrap_port}")
-        servers.append(bind_server(cfg.host, cfg.port, handler_for(runtime)))
+        if http:
+            servers.append(bind_server(cfg.host, cfg.port, handler_for(runtime)))
     except OSError:
         for server in servers:
             server.server_close()
@@ -1143,11 +1156,11 @@ def drain_and_stop(runtime: Runtime, servers: list[WorkerHTTPServer], why: str) 
     log("Drained; shutting down.")
 
 
-def describe(cfg: ServerConfig) -> str:
+def describe(cfg: ServerConfig, grpc_mode: bool = False) -> str:
     return (
         f"Starting SGLang stand-in {VERSION} (pdctl lab): model={cfg.model_path} "
         f"served={cfg.served_model_name} mode={cfg.mode} backend={cfg.transfer_backend} "
-        f"tp={cfg.tp_size} dp={cfg.dp_size} http={cfg.host}:{cfg.port}"
+        f"tp={cfg.tp_size} dp={cfg.dp_size} {'grpc' if grpc_mode else 'http'}={cfg.host}:{cfg.port}"
         + (f" bootstrap={cfg.host}:{cfg.bootstrap_port}" if cfg.mode == "prefill" else "")
     )
 
@@ -1157,7 +1170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = ServerConfig.from_args(args)
     if unknown:
         log(f"Ignoring flags this stand-in does not model: {' '.join(unknown)}", "WARNING")
-    log(describe(cfg))
+    log(describe(cfg, args.grpc_mode))
     failure = provider_failure(cfg, os.environ)
     if failure:
         sys.stderr.write(failure.verbs_warning + "\n")
@@ -1176,6 +1189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(refused, "ERROR")
         return 1
     runtime = Runtime(cfg, state, warmup)
+    if args.grpc_mode:
+        from .grpc_server import serve  # noqa: PLC0415 - needs grpcio, and imports this module
+
+        return serve(cfg, runtime)
     stop = threading.Event()
     received = install_signal_handlers(stop)
     try:

@@ -7,7 +7,7 @@ keeps the request's "KV" and answers with ``kv_transfer_params`` naming its side
 KV (one JSON line each way) before it decodes: a request whose side channel does not answer
 fails (docs/facts.md, vLLM gRPC workers). ``kv_both`` does either, as the parameters say, or
 answers alone. Answers name the worker and echo the last user message, in word tokens
-(common/words.py), paced by the capacity model (common/capacity.py). Standard library only.
+(common/words.py), paced by the capacity model (common/capacity.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from ..common import settings
+from ..common import settings, tokenizer
 from ..common.capacity import ROOMS_KEPT, Capacity, Pace
+from ..common.grpc_serving import Refused, health_of
 from ..common.runtime import Runtime
 from ..common.words import fit
-from . import tokenizer
 from .cli import Config
 
 Json = dict[str, Any]
@@ -43,14 +43,6 @@ def log(message: str, level: str = "INFO") -> None:
     with _log_lock:
         sys.stderr.write(f"{level} {stamp} [pdctl-lab vllm] {message}\n")
         sys.stderr.flush()
-
-
-class Refused(Exception):
-    """A request the engine turns down: gRPC ``code`` (a grpc.StatusCode name) and why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -146,13 +138,7 @@ class Engine(Runtime):
 
     def health(self) -> tuple[bool, str]:
         """(healthy, why) for HealthCheck and grpc.health.v1."""
-        if self.draining:
-            return False, "draining"
-        if not self.warm():
-            return False, "loading the model"
-        if not self.healthy():
-            return False, "unhealthy (lab fault)"
-        return True, "Health"
+        return health_of(self)
 
     def plan(
         self, request_id: str, input_ids: list[int], max_tokens: int | None, kv_json: str | None

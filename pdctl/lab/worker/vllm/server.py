@@ -16,32 +16,26 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent import futures
 from datetime import UTC, datetime
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
-from smg_grpc_proto.generated import common_pb2
 
 from .. import model_cache
-from ..common import settings
+from ..common import grpc_serving, settings, tokenizer
 from ..common.devices import gpu_failure, missing_provider, nic_failure, verbs_warning
-from . import tokenizer
+from ..common.grpc_serving import HealthServicer, Refused, abort
 from .cli import Config, UsageError, parse
-from .engine import Engine, Plan, Refused, SideChannel, log
+from .engine import Engine, Plan, SideChannel, log
 
 VERSION = "0.11.x-pdctl-lab"
 TOKENIZER_PATH = "/opt/pdctl-lab/vllm/tokenizer"  # not on the router host: SMG asks GetTokenizer
-CHUNK_SIZE = 64 * 1024
 # UCX transports that move KV without RDMA (UCX_TLS); any other needs a verbs provider.
 TCP_TRANSPORTS = frozenset({"tcp", "self", "sm", "shm", "posix", "sysv", "cma"})
 _SIDE_CHANNEL_FIX = {
@@ -120,12 +114,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
         )
 
     def GetTokenizer(self, request: Any, context: Any) -> Iterator[Any]:
-        data, digest = tokenizer.bundle(self.cfg.max_model_len)
-        for start in range(0, len(data), CHUNK_SIZE):
-            last = start + CHUNK_SIZE >= len(data)
-            yield common_pb2.GetTokenizerChunk(
-                data=data[start : start + CHUNK_SIZE], sha256=digest if last else ""
-            )
+        return grpc_serving.tokenizer_chunks(self.cfg.max_model_len)
 
     def Abort(self, request: Any, context: Any) -> Any:
         self.engine.aborted.update(request.request_ids)
@@ -135,9 +124,9 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
     def Generate(self, request: Any, context: Any) -> Iterator[Any]:
         rid = request.request_id
         if request.WhichOneof("input") != "tokenized":
-            _abort(context, "INVALID_ARGUMENT", "this engine takes tokenized input only")
+            abort(context, "INVALID_ARGUMENT", "this engine takes tokenized input only")
         if not self.engine.begin():
-            _abort(context, "UNAVAILABLE", "the server is shutting down")
+            abort(context, "UNAVAILABLE", "the server is shutting down")
         sampling = request.sampling_params
         limit = sampling.max_tokens if sampling.HasField("max_tokens") else None
         kv_json = (
@@ -150,7 +139,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
                 plan = self.engine.plan(rid, list(request.tokenized.input_ids), limit, kv_json)
             except Refused as exc:
                 log(f"Generate {rid} refused: {exc}", "ERROR")
-                _abort(context, exc.code, str(exc))
+                abort(context, exc.code, str(exc))
             ids: list[int] = []
             finish = plan.finish
             for index, word in enumerate(plan.words):
@@ -185,24 +174,6 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
                 plan.pace.close()
             self.engine.aborted.discard(rid)
             self.engine.end()
-
-
-def _abort(context: Any, code: str, message: str) -> NoReturn:
-    """End the call with a gRPC status (grpc's ``abort`` raises)."""
-    context.abort(getattr(grpc.StatusCode, code), message)
-    raise AssertionError("grpc's ServicerContext.abort returned")
-
-
-class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    """grpc.health.v1: SERVING once the engine is loaded and healthy (any service name)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def Check(self, request: Any, context: Any) -> Any:
-        healthy, _ = self.engine.health()
-        status = health_pb2.HealthCheckResponse
-        return status(status=status.SERVING if healthy else status.NOT_SERVING)
 
 
 def start_failure(cfg: Config, env: Mapping[str, str]) -> str | None:
@@ -259,43 +230,22 @@ def serve(cfg: Config, ignored: list[str]) -> int:
             )
             return 1
         threading.Thread(target=channel.serve_forever, daemon=True, name="side-channel").start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(16, cfg.max_num_seqs)))
+    server = grpc_serving.new_server(cfg.max_num_seqs)
     pb_grpc.add_VllmEngineServicer_to_server(VllmEngineServicer(engine), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(engine), server)
-    address = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
-    try:
-        server.add_insecure_port(address)
-    except RuntimeError as exc:
-        log(f"Cannot listen on {address}: {exc}", "ERROR")
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(engine.health), server)
+    address = grpc_serving.listen(server, cfg.host, cfg.port, log)
+    if address is None:
         return 1
-    server.start()
     log(f"gRPC server listening on {address}; loading the model for {engine.warmup_secs:g}s")
-    stop = threading.Event()
-    received: list[str] = []
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        received.append(signal.Signals(signum).name)
-        stop.set()
+    def close_side_channel() -> None:
+        if channel is not None:
+            channel.shutdown()
+            channel.server_close()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    threading.Thread(target=_announce, args=(engine,), daemon=True).start()
-    while not stop.wait(0.5):
-        pass
-    log(f"Received {'/'.join(received)}: draining {engine.start_draining()} in-flight request(s)")
-    engine.wait_idle()
-    server.stop(grace=5).wait()
-    if channel is not None:
-        channel.shutdown()
-        channel.server_close()
-    log("Drained; shutting down.")
-    return 0
-
-
-def _announce(engine: Engine) -> None:
-    time.sleep(engine.warmup_secs)
-    if not engine.draining:
-        log("Model loaded; the gRPC server is serving")
+    return grpc_serving.serve_until_stopped(
+        server, engine, log, "Model loaded; the gRPC server is serving", close_side_channel
+    )
 
 
 def _run(argv: Sequence[str], entry: str) -> int:

@@ -1,5 +1,5 @@
-"""The stand-in's tokenizer, which SMG fetches with GetTokenizer (no internet in the lab;
-docs/facts.md, vLLM gRPC workers).
+"""The gRPC stand-ins' tokenizer (vLLM's, and SGLang's in --grpc-mode), which SMG fetches with
+GetTokenizer (no internet in the lab; docs/facts.md, vLLM gRPC workers).
 
 A Hugging Face ``tokenizer.json`` (WordPiece on whitespace-split words) and a
 ``tokenizer_config.json`` with a chat template, made here with the standard library, and the
@@ -8,7 +8,7 @@ the stand-in reads the prompt's ids and answers with ids SMG detokenizes to its 
 
 Every whitespace-separated word of printable ASCII round-trips: a word in the vocabulary is
 one id, any other is spelled with character pieces (``h ##e ##y``). A word counts as one token
-for ``max_tokens`` and usage, as in the SGLang stand-in (common/words.py).
+for ``max_tokens`` and usage, as in the SGLang HTTP stand-in (common/words.py).
 """
 
 from __future__ import annotations
