@@ -34,6 +34,11 @@ class _Connection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         self.sock = self._connector(self.host, self.port)
+        # Every read by the request's own timeout, whatever the connector set (a peer that
+        # stopped answering must not hold a caller longer than it asked).
+        settimeout = getattr(self.sock, "settimeout", None)
+        if settimeout is not None and self.timeout is not None:
+            settimeout(self.timeout)
 
 
 @dataclass
