@@ -598,7 +598,7 @@ class PdctlScaler(Strict):
     host_lost_after: Annotated[Duration, Field(ge=1, le=600)] = failover.HOST_LOST_AFTER
     unhealthy_after: Annotated[Duration, Field(ge=1, le=600)] = failover.UNHEALTHY_AFTER
     probe_timeout: Annotated[Duration, Field(ge=0.2, le=60)] = failover.PROBE_TIMEOUT
-    kill_after: Annotated[Duration, Field(ge=0, le=600)] = failover.KILL_AFTER
+    kill_after: Annotated[Delay, Field(le=600)] = failover.KILL_AFTER
 
 
 class PdctlSettings(Strict):

@@ -346,7 +346,13 @@ class Result:
 
 class CommandTimeout(HostError):
     """A command over SSH did not complete within its deadline (the host may have stopped
-    answering: a dead peer keeps a TCP connection silent for many minutes)."""
+    answering: a dead peer keeps a TCP connection silent for many minutes). ``silent``: the
+    host never acknowledged the command (its connection is no use), rather than the command
+    itself running long."""
+
+    def __init__(self, message: str, *, silent: bool, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.silent = silent
 
 
 def run(
@@ -374,6 +380,7 @@ def run(
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
     timer.start()
+    acknowledged = False  # the host accepted the command: it answers, the command runs long
     try:
         channel = transport.open_session(timeout=timeout)
         with guard:
@@ -383,6 +390,7 @@ def run(
             channel.close()
         channel.settimeout(timeout)
         channel.exec_command(command)
+        acknowledged = True
         if stdin is not None:
             channel.sendall(stdin.encode())
         channel.shutdown_write()
@@ -391,12 +399,14 @@ def run(
         rc = channel.recv_exit_status()
     except (paramiko.SSHException, OSError) as exc:
         if expired.is_set() or isinstance(exc, TimeoutError):
-            raise CommandTimeout(f"no answer within {timeout:g} s ({exc or 'timed out'})") from exc
+            raise CommandTimeout(
+                f"no answer within {timeout:g} s ({exc or 'timed out'})", silent=not acknowledged
+            ) from exc
         raise
     finally:
         timer.cancel()
     if expired.is_set():
-        raise CommandTimeout(f"no answer within {timeout:g} s")
+        raise CommandTimeout(f"no answer within {timeout:g} s", silent=not acknowledged)
     return Result(rc=rc, stdout=out, stderr=err)
 
 
@@ -434,10 +444,17 @@ class Pool:
             yield client
         except paramiko.ChannelException:
             raise  # one channel refused; the connection itself is fine
-        except (paramiko.SSHException, OSError, CommandTimeout):
-            # A broken or silent connection: the next use connects afresh (and fails fast
-            # when the host is gone) instead of waiting on this one again.
-            self.drop(target, client)
+        except CommandTimeout as exc:
+            # Silent: the next use connects afresh (and fails fast when the host is gone)
+            # instead of waiting on this connection again. A command that merely ran long
+            # leaves the others on the connection alone.
+            if exc.silent:
+                self.drop(target, client)
+            raise
+        except (paramiko.SSHException, OSError):
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                self.drop(target, client)  # the connection broke, not just one channel
             raise
 
     def drop(self, target: Target, client: paramiko.SSHClient | None = None) -> None:
@@ -456,7 +473,9 @@ class Pool:
             with self.session(target) as client:
                 return run(client, command, timeout=timeout)
         except CommandTimeout as exc:
-            raise CommandTimeout(f"{target.label}: {exc.message}", hint=exc.hint) from exc
+            raise CommandTimeout(
+                f"{target.label}: {exc.message}", silent=exc.silent, hint=exc.hint
+            ) from exc
         except (paramiko.SSHException, OSError) as exc:
             raise HostError(
                 f"{target.label}: SSH command failed: {exc or type(exc).__name__}",
