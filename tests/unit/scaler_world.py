@@ -152,9 +152,7 @@ class WorkerHost(paramiko.ServerInterface):
         verb, args = words[2], words[3:]
         if verb == "states":
             with self.lock:
-                lines = [
-                    f"{u.slot.group} {u.slot.index} {u.state} -" for u in self.units.values()
-                ]
+                lines = [f"{u.slot.group} {u.slot.index} {u.state} -" for u in self.units.values()]
             return 0, "".join(f"{line}\n" for line in lines)
         unit = self.units[f"{args[0]}/{args[1]}"]
         if verb == "start":
@@ -356,7 +354,9 @@ def make_world(tmp: Path, keys: Keys) -> Iterator[World]:
     by_host: dict[str, list[Slot]] = {}
     for slot in plan.slots():
         by_host.setdefault(slot.host, []).append(slot)
-    hosts = {name: WorkerHost(name, keys.host, slots, plan.service) for name, slots in by_host.items()}
+    hosts = {
+        name: WorkerHost(name, keys.host, slots, plan.service) for name, slots in by_host.items()
+    }
     known = tmp / "known_hosts"
     known.write_text(
         "".join(
@@ -374,12 +374,10 @@ def make_world(tmp: Path, keys: Keys) -> Iterator[World]:
     connect = worker_connector(hosts, plan.failover.probe_timeout)
     actuator = Actuator(plan, pool, targets, router, sudo=False, connector=lambda _t: connect)
     files: dict[str, str] = {}
-    scaler_ref: list[Scaler] = []
     world_log: list[str] = []
     scaler = Scaler(
         plan, actuator, router, Store(files.get, files.__setitem__), log=world_log.append
     )
-    scaler_ref.append(scaler)
     world = World(plan, hosts, router_standin, scaler, files, world_log)
     # As a deploy leaves it: the slots planned to start run, enabled, and are registered.
     for slot in plan.slots():
