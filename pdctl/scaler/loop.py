@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from pdctl.errors import EnvironmentProblem, HostError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot
-from pdctl.router import Router, Worker, requests_total
+from pdctl.router import Router, Worker, open_circuits, requests_total
 from pdctl.scaler.calls import Answer, Calls, gather
 from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
 from pdctl.scaler.observe import (
@@ -241,6 +241,10 @@ class Pending:
 LEAVING = frozenset({"stop", "kill", "fence"})
 # A condemned replica is killed once a replacement serves, or after this long regardless.
 KILL_DEADLINE = 30.0
+# For this long after a loss, workers whose circuit breaker the loss opened are registered
+# afresh (at most once per BREAKER_REFRESH each).
+RECOVERY_WINDOW = 180.0
+BREAKER_REFRESH = 30.0
 STATES_TIMEOUT = 15.0  # one host's unit states over SSH, at most (a tick waits less)
 
 
@@ -283,6 +287,9 @@ class Scaler:
         self.host_errors: dict[str, str] = {}  # host -> why it did not answer (last time)
         self.pending: dict[str, Pending] = {}  # slot -> the action in flight on it
         self.said: set[str] = set()  # conditions logged once until they clear
+        self.open_circuits: set[str] = set()  # worker URLs whose breaker SMG has open
+        self.recovering: float | None = None  # when a replica was last lost or condemned
+        self.refreshed: dict[str, float] = {}  # slot -> when its registration was renewed
         slots = len(plan.slots())
         hosts = len({s.host for s in plan.slots()})
         self.reads = Calls("pdctl-scaler-read", max_workers=2 * (hosts + 2 * slots) + 8)
@@ -393,6 +400,7 @@ class Scaler:
                 self.rate.add(now, requests_total(answer.value))
             except ValueError as exc:
                 self.log(f"metrics unreadable: {exc}")
+            self.open_circuits = open_circuits(answer.value)
         else:
             self.log(f"metrics unavailable: {_why(answer)}")
         self.rps = self.rate.rate(now, stale_after=max(30.0, 5 * self.interval))
@@ -547,6 +555,7 @@ class Scaler:
         for role in {s.group for s in running}:
             self.watch.hold_floor(role, self._count(role))
         self.watch.lose_host(host, [s.name for s in slots])
+        self.recovering = now
         why = view.errors.get(host, "no answer")
         replaced = ", ".join(s.name for s in running) or "none"
         self.log(
@@ -614,6 +623,7 @@ class Scaler:
     def _condemn(self, slot: Slot, failing: float, why: str, view: View, now: float) -> None:
         self.watch.hold_floor(slot.group, self._count(slot.group))
         self.watch.condemn(slot.name, now)
+        self.recovering = now
         self.metrics.replaced.labels(slot.group, "unhealthy").inc()
         self.log(
             f"{slot.name} on {slot.host} unhealthy for {failing:.0f} s ({why}): replacing it "
@@ -665,6 +675,45 @@ class Scaler:
                 partial(self.actuator.stop_now, slot, self.plan.failover.kill_after),
                 stopped,
             )
+
+    def _reset_breakers(self, view: View, now: float) -> None:
+        """After a replica was lost, the router's circuit breaker may keep its partners out:
+        SMG counts a failed prefill+decode request against both workers, so a dead decode
+        opens the breaker of a healthy prefill too, for a minute. Once every group serves
+        again, such a worker (its engine answers) is registered afresh, a new breaker with it.
+        Only in the minutes after a loss: otherwise an open breaker is SMG's own verdict."""
+        if self.recovering is None or now - self.recovering > RECOVERY_WINDOW:
+            return
+        if not self.open_circuits:
+            return
+        for role in WORKER_ROLES:
+            want = self.last[role].desired if role in self.last else 1
+            if self._in_service(role, view) < min(want, 1):
+                return  # a group does not serve yet: a fresh breaker would trip again
+        for slot in self.plan.slots():
+            if (
+                slot.url not in self.open_circuits
+                or slot.url not in view.workers
+                or not view.health.get(slot.name)
+                or self.watch.off_limits(slot.name)
+                or slot.name in self.pending
+                or now - self.refreshed.get(slot.name, -math.inf) < BREAKER_REFRESH
+            ):
+                continue
+            self.refreshed[slot.name] = now
+
+            def renew(slot: Slot = slot) -> None:
+                self.actuator.deregister(slot, drain_timeout=15.0)
+                self.actuator.register(slot)
+
+            def renewed(ok: bool, slot: Slot = slot) -> None:
+                if ok:
+                    self.log(
+                        f"registered {slot.name} afresh: the router's circuit breaker kept it "
+                        "out after another worker's failures"
+                    )
+
+            self._act("refresh", slot, renew, renewed)
 
     # -- reconcile: registrations follow what runs and answers ----------------------------------
     def _reconcile(self, view: View) -> None:
@@ -788,6 +837,7 @@ class Scaler:
         self._judge_replicas(view, now)
         self._kill_condemned(view, now)
         self._reconcile(view)
+        self._reset_breakers(view, now)
         pins = self._pins()
         decisions = {}
         for role, policy in policies(self.plan, pins).items():

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
+from tests.support import Lab, pdctl, require_lab, start_lab
 
 DSTACK_FILE = Path(__file__).resolve().parents[1] / "data" / "dstack-amd-pd-disaggregation.yml"
 MODEL = "lab/tiny-llama"
@@ -222,7 +222,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def test_the_plan_keeps_a_spare_on_another_host_for_each_group(service: Service) -> None:
-    doc = pdctl_json(service.lab.home, "plan", str(service.spec), "--fleet", "lab")
+    doc = json.loads(service.pdctl("--json", "plan", str(service.spec), "--fleet", "lab").stdout)
     for group in ("prefill", "decode"):
         loss = doc["host_loss"][group]
         assert loss["survives"] and loss["need"] == 1 and loss["left"] >= 1, loss

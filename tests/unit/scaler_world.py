@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -225,6 +225,8 @@ class RouterStandIn:
     def __init__(self) -> None:
         self.workers: dict[str, dict[str, Any]] = {}  # id -> worker
         self.requests = 0.0
+        # URLs whose circuit breaker is open; a new registration comes with a closed one
+        self.cb_open: set[str] = set()
         self.lock = threading.Lock()
         owner = self
 
@@ -238,8 +240,16 @@ class RouterStandIn:
 
             def do_GET(self) -> None:
                 if self.path == "/metrics":
-                    total = f'smg_router_requests_total{{router_type="pd"}} {owner.requests}\n'
-                    self._send(200, None, total)
+                    with owner.lock:
+                        lines = [
+                            f'smg_router_requests_total{{router_type="pd"}} {owner.requests}',
+                            *(
+                                f'smg_worker_cb_state{{worker="{w["url"]}"}} '
+                                f"{1 if w['url'] in owner.cb_open else 0}"
+                                for w in owner.workers.values()
+                            ),
+                        ]
+                    self._send(200, None, "".join(f"{line}\n" for line in lines))
                     return
                 with owner.lock:
                     listed = list(owner.workers.values())
@@ -252,6 +262,7 @@ class RouterStandIn:
                         self._send(409, {"code": "WORKER_ALREADY_EXISTS"})
                         return
                     worker_id = str(uuid.uuid4())
+                    owner.cb_open.discard(body["url"])
                     owner.workers[worker_id] = {
                         "id": worker_id,
                         "url": body["url"],
@@ -306,18 +317,6 @@ class World:
         pins = json.loads(self.files.get("overrides.json", "{}"))
         pins[group] = count
         self.files["overrides.json"] = json.dumps(pins)
-
-    def ticks_until(
-        self, what: str, done: Callable[[], bool], seconds: float, each: Callable[[], None]
-    ) -> None:
-        """Tick (``each`` after every tick) until ``done``; AssertionError at the deadline."""
-        deadline = time.monotonic() + seconds
-        while not done():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(self.logged))
-            self.scaler.tick()
-            each()
-            time.sleep(self.scaler.interval)
 
 
 @dataclass

@@ -78,6 +78,9 @@ def test_a_host_that_stops_answering_is_replaced_elsewhere_and_fenced_on_return(
     gpu2 = world.hosts["gpu2"]  # decode/1's host
     assert world.slot("decode/1").host == "gpu2"
     gpu2.freeze()
+    # SMG counts a failed prefill+decode request against both: decode/1's failures open
+    # prefill/1's circuit breaker too
+    world.router.cb_open.add(world.slot("prefill/1").url)
     world.pin("prefill", 2)  # a pin for the other group, while a host hangs
     ticks.until(
         "decode/1 replaced on another host and prefill pinned to 2",
@@ -89,6 +92,16 @@ def test_a_host_that_stops_answering_is_replaced_elsewhere_and_fenced_on_return(
     )
     assert world.slot("decode/2").host != "gpu2"
     assert any(line.startswith("gpu2 lost:") for line in world.logged), world.logged
+    ticks.until(
+        "prefill/1 registered afresh (a closed breaker)",
+        lambda: world.slot("prefill/1").url not in world.router.cb_open,
+        20,
+    )
+    ticks.until(
+        "the renewal logged",
+        lambda: any("registered prefill/1 afresh" in line for line in world.logged),
+        10,
+    )
     assert world.unit("decode/1").state == "active"  # untouched: its host cannot be reached
     assert world.files["scaler.json"] and "decode/1" in world.files["scaler.json"]  # fenced
 
