@@ -245,6 +245,9 @@ KILL_DEADLINE = 30.0
 # afresh (at most once per BREAKER_REFRESH each).
 RECOVERY_WINDOW = 180.0
 BREAKER_REFRESH = 30.0
+# A registration SMG has accepted is absent from its list until its health check passes:
+# not posted again for this long.
+PENDING_GRACE = 10.0
 STATES_TIMEOUT = 15.0  # one host's unit states over SSH, at most (a tick waits less)
 
 
@@ -290,6 +293,7 @@ class Scaler:
         self.open_circuits: set[str] = set()  # worker URLs whose breaker SMG has open
         self.recovering: float | None = None  # when a replica was last lost or condemned
         self.refreshed: dict[str, float] = {}  # slot -> when its registration was renewed
+        self.posted: dict[str, float] = {}  # slot -> when registered (monotonic)
         slots = len(plan.slots())
         hosts = len({s.host for s in plan.slots()})
         self.reads = Calls("pdctl-scaler-read", max_workers=2 * (hosts + 2 * slots) + 8)
@@ -328,7 +332,10 @@ class Scaler:
         listed = self.reads.submit("router workers", self.router.workers)
         scraped = self.reads.submit("router metrics", self.router.metrics_text)
         deadline = time.monotonic() + self.read_wait
-        answers = gather(reads, deadline)
+        # A host already silent is not waited for: its read, still running or done since,
+        # is taken as it stands (the tick does not pay the wait again every time).
+        gather({h: f for h, f in reads.items() if h not in self.watch.silent_since}, deadline)
+        answers = gather(reads, time.monotonic())
         workers_answer = gather({"workers": listed}, deadline)["workers"]
         metrics_answer = gather({"metrics": scraped}, deadline)["metrics"]
         for host, answer in answers.items():
@@ -634,6 +641,7 @@ class Scaler:
 
     def _deregister_now(self, slot: Slot) -> None:
         """Out of the router at once (no drain: it serves nothing)."""
+        self.posted.pop(slot.name, None)
 
         def done(ok: bool) -> None:
             if ok:
@@ -679,17 +687,17 @@ class Scaler:
     def _reset_breakers(self, view: View, now: float) -> None:
         """After a replica was lost, the router's circuit breaker may keep its partners out:
         SMG counts a failed prefill+decode request against both workers, so a dead decode
-        opens the breaker of a healthy prefill too, for a minute. Once every group serves
-        again, such a worker (its engine answers) is registered afresh, a new breaker with it.
-        Only in the minutes after a loss: otherwise an open breaker is SMG's own verdict."""
+        opens the breaker of a healthy prefill too, for a minute. Once the failing worker is
+        out of the router, such a worker (its engine answers) is registered afresh, a new
+        breaker with it, while the replacement starts (a request with no partner to pair is
+        refused before any worker is tried: it opens no breaker). Only in the minutes after
+        a loss: otherwise an open breaker is SMG's own verdict."""
         if self.recovering is None or now - self.recovering > RECOVERY_WINDOW:
             return
         if not self.open_circuits:
             return
-        for role in WORKER_ROLES:
-            want = self.last[role].desired if role in self.last else 1
-            if self._in_service(role, view) < min(want, 1):
-                return  # a group does not serve yet: a fresh breaker would trip again
+        if any(self.watch.off_limits(s.name) and s.url in view.workers for s in self.plan.slots()):
+            return  # a failing worker is still routed to: a fresh breaker would trip again
         for slot in self.plan.slots():
             if (
                 slot.url not in self.open_circuits
@@ -708,6 +716,7 @@ class Scaler:
 
             def renewed(ok: bool, slot: Slot = slot) -> None:
                 if ok:
+                    self.posted[slot.name] = time.monotonic()
                     self.log(
                         f"registered {slot.name} afresh: the router's circuit breaker kept it "
                         "out after another worker's failures"
@@ -723,10 +732,14 @@ class Scaler:
             state, worker = view.states[slot.name], view.workers.get(slot.url)
             if self.watch.off_limits(slot.name):
                 continue  # fenced or condemned: handled above
+            posted = self.posted.get(slot.name)
             if state.running and worker is None and view.health.get(slot.name):
+                if posted is not None and time.monotonic() - posted < PENDING_GRACE:
+                    continue  # registered: SMG lists it once its own health check passes
 
                 def registered(ok: bool, slot: Slot = slot) -> None:
                     if ok:
+                        self.posted[slot.name] = time.monotonic()
                         self.log(f"registered {slot.name} ({slot.url})")
 
                 self._act("register", slot, partial(self.actuator.register, slot), registered)
