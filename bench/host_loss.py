@@ -36,7 +36,7 @@ import yaml
 from bench.lablib import FLEET, PDCTL, REPO, BenchError, BenchLab
 from pdctl import spec
 from pdctl.failover import plan_host_loss
-from pdctl.fleet_model import Fleet, FleetHost
+from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import build
 
 HOSTS = 4
@@ -90,6 +90,7 @@ def _host(name: str, kind: str) -> FleetHost:
             "memory_gb": 64.0,
             "gpus": {"count": gpus, "model": "AMD Instinct MI300X"},
         },
+        preflight=Preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00"),
     )
 
 
