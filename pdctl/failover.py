@@ -25,9 +25,11 @@ if TYPE_CHECKING:  # the plan imports this module for FailoverPlan
 # What the scaler does when a replica or a host stops answering (seconds). The spec's
 # `pdctl: {scaler: {...}}` sets them; these are the defaults.
 INTERVAL = 2.0
-HOST_LOST_AFTER = 8.0
-UNHEALTHY_AFTER = 6.0
-PROBE_TIMEOUT = 2.0
+HOST_LOST_AFTER = 10.0
+UNHEALTHY_AFTER = 10.0
+# SGLang's /health runs a one-token generation and answers after a second at the soonest
+# (docs/facts.md); SMG's own health check waits 5 s.
+PROBE_TIMEOUT = 5.0
 KILL_AFTER = 10.0
 
 
@@ -42,7 +44,7 @@ class FailoverPlan(BaseModel):
     # A serving replica whose engine fails its health check (or the router's) this long is
     # replaced: a spare starts, the replica is deregistered at once and then killed.
     unhealthy_after: float = Field(UNHEALTHY_AFTER, gt=0)
-    # One health check of one engine (and one observation's wait for a host) at most.
+    # One health check of one engine at most.
     probe_timeout: float = Field(PROBE_TIMEOUT, gt=0)
     # A replica being removed for not answering gets this long to stop before SIGKILL (a hung
     # worker never finishes a drain).

@@ -249,6 +249,7 @@ BREAKER_REFRESH = 30.0
 # not posted again for this long.
 PENDING_GRACE = 10.0
 STATES_TIMEOUT = 15.0  # one host's unit states over SSH, at most (a tick waits less)
+READ_WAIT = 3.0  # what a tick waits for them (one command per host: well under a second)
 
 
 class Scaler:
@@ -272,7 +273,7 @@ class Scaler:
         self.probe_timeout = failover.probe_timeout
         # How long a tick waits for the hosts' unit states and the router: a host that takes
         # longer is silent for this tick (its last states stand) and holds up nothing.
-        self.read_wait = max(2.0, 2 * failover.probe_timeout)
+        self.read_wait = READ_WAIT
         self.rate = CounterRate(window=rps_window, min_span=min(5.0, rps_window / 2))
         self.histories: dict[str, History] = {role: History() for role in WORKER_ROLES}
         self.started_at: dict[
@@ -294,6 +295,7 @@ class Scaler:
         self.recovering: float | None = None  # when a replica was last lost or condemned
         self.refreshed: dict[str, float] = {}  # slot -> when its registration was renewed
         self.posted: dict[str, float] = {}  # slot -> when registered (monotonic)
+        self.by_name = {s.name: s for s in plan.slots()}
         slots = len(plan.slots())
         hosts = len({s.host for s in plan.slots()})
         self.reads = Calls("pdctl-scaler-read", max_workers=2 * (hosts + 2 * slots) + 8)
@@ -391,7 +393,10 @@ class Scaler:
             if slot.group in latency and (w := workers.get(slot.url)) is not None and w.healthy
         }
         deadline = time.monotonic() + self.probe_timeout + 0.25
-        answered = gather(probes, deadline)
+        # Not waited for again: the engines already failing and those of silent hosts (their
+        # checks, still running or done since, are taken as they stand).
+        gather({n: f for n, f in probes.items() if not self._known_failing(n)}, deadline)
+        answered = gather(probes, time.monotonic())
         texts = gather(scrapes, deadline)
         for name, answer in answered.items():
             if answer.answered:
@@ -400,6 +405,12 @@ class Scaler:
             if text.answered:
                 self.reads.forget(f"metrics {name}")
         return {name: bool(a.ok and a.value) for name, a in answered.items()}, texts
+
+    def _known_failing(self, name: str) -> bool:
+        slot = self._slot(name)
+        return name in self.watch.failing_since or (
+            slot is not None and slot.host in self.watch.silent_since
+        )
 
     def _scrape(self, now: float, answer: Answer[str]) -> None:
         if answer.ok and answer.value is not None:
@@ -749,7 +760,7 @@ class Scaler:
 
     # -- the groups ----------------------------------------------------------------------------
     def _slot(self, name: str) -> Slot | None:
-        return next((s for s in self.plan.slots() if s.name == name), None)
+        return self.by_name.get(name)
 
     def _available(self, role: str, view: View) -> list[Slot]:
         """The group's replicas: running or being started, neither leaving nor off limits."""
