@@ -164,7 +164,8 @@ def host_loss_bench(wanted: set[str]) -> None:
     def body(lab: BenchLab) -> None:
         progress(f"host-loss: {host_loss.ROUNDS} rounds each, {host_loss.RPS:g} rps")
         ours = host_loss.measure_pdctl(lab, progress)
-        reset(lab)
+        progress(f"fresh lab: {lab.hosts} hosts")
+        lab.fresh()  # its images stay: the benchmark deploys from them, not from an archive
         theirs = host_loss.measure_baseline(lab, progress)
         result(
             line(
