@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the plan imports this module for FailoverPlan
 # What the scaler does when a replica or a host stops answering (seconds). The spec's
 # `pdctl: {scaler: {...}}` sets them; these are the defaults.
 INTERVAL = 2.0
-HOST_LOST_AFTER = 10.0
+HOST_LOST_AFTER = 6.0
 UNHEALTHY_AFTER = 10.0
 # SGLang's /health runs a one-token generation and answers after a second at the soonest
 # (docs/facts.md); SMG's own health check waits 5 s.
