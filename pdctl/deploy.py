@@ -307,7 +307,9 @@ def apply(
         summary = runner.run_playbook(
             "deploy.yml",
             fleet_dir,
-            extravars=extravars,
+            extravars={**extravars, "pd_preflight_unreachable": sorted(skip)}
+            if skip
+            else extravars,
             secrets=services.secret_values(plan),
             limit=":".join(["all", *(f"!{host}" for host in sorted(skip))]) if skip else None,
             forks=min(100, max(5, len(plan.hosts()))),
