@@ -313,6 +313,23 @@ def test_status_logs_and_deploy_with_a_host_off(service: Service) -> None:
         proc = service.pdctl("deploy", str(service.spec), "--fleet", "lab", "-y", check=False)
         assert proc.returncode == 4 and "cannot be reached" in proc.stderr, proc.stderr
         assert "--skip-unreachable" in proc.stderr
+        address = next(a for a, n in service.nodes.items() if n == node)
+        done = json.loads(
+            service.pdctl(
+                "--json",
+                "deploy",
+                str(service.spec),
+                "--fleet",
+                "lab",
+                "-y",
+                "--skip-unreachable",
+                "--converge",
+            ).stdout
+        )
+        assert done["skipped_hosts"] == [address] and done["converged"], done
+        assert address not in done["changed_hosts"]
+        lab_host = service.lab.host(node)
+        assert (lab_host["state"], lab_host["power"]) == ("off", "off")
     finally:
         service.lab.fault(node, "power-on")
 
