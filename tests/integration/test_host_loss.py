@@ -297,12 +297,11 @@ def lose_a_host_under_load(service: Service, replica: str) -> None:
         time.sleep(1)
 
 
-def test_a_decode_host_losing_power_under_load(service: Service) -> None:
-    lose_a_host_under_load(service, "decode/1")
-
-
 def test_status_logs_and_deploy_with_a_host_off(service: Service) -> None:
-    node = service.node("prefill/2")  # a spare's host: nothing is replaced by this
+    # a spare's host (nothing is replaced), before any loss: the deploy that converges the
+    # other hosts finds the plan's replicas running (after a loss it would start the replaced
+    # ones again, and the scaler would scale the group back in later)
+    node = service.node("prefill/2")
     service.lab.fault(node, "power-off")
     try:
         code, doc = service.status()
@@ -332,6 +331,10 @@ def test_status_logs_and_deploy_with_a_host_off(service: Service) -> None:
         assert (lab_host["state"], lab_host["power"]) == ("off", "off")
     finally:
         service.lab.fault(node, "power-on")
+
+
+def test_a_decode_host_losing_power_under_load(service: Service) -> None:
+    lose_a_host_under_load(service, "decode/1")
 
 
 def test_a_hung_decode_worker_is_replaced_then_killed(service: Service) -> None:
