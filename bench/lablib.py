@@ -149,7 +149,11 @@ class BenchLab:
         }
 
     def run(
-        self, *argv: str, timeout: float = 1800, env: dict[str, str] | None = None
+        self,
+        *argv: str,
+        timeout: float = 1800,
+        env: dict[str, str] | None = None,
+        ok_codes: tuple[int, ...] = (0,),
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             list(argv),
@@ -159,7 +163,7 @@ class BenchLab:
             timeout=timeout,
             check=False,
         )
-        if proc.returncode != 0:
+        if proc.returncode not in ok_codes:
             raise BenchError(
                 f"{' '.join(argv[:6])} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
                 f"\n{proc.stderr[-3000:]}"

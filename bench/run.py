@@ -20,6 +20,10 @@ R = B / A (higher is better):
 - model-fanout: a 1 GB model onto 8 and 16 hosts of the big lab, the hub capped at a tenth of
   the hosts' links: pdctl's prefetch (one download, fanned out in the fleet) versus every host
   downloading it from the hub at once (bench/model_fanout.py). Last: its caps stay on.
+- host-loss: from a GPU host's power-off until requests succeed again, p50 of 3, on a 4-host
+  lab: pdctl's scaler replacing the lost replica from a spare on another host versus a
+  person's `pdctl fleet remove --force` + `pdctl deploy` with no scaler recovery
+  (bench/host_loss.py).
 - scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/) and
   bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS).
 - fabric: `fleet check --fabric` on a lab of --hosts GPU hosts (a full mesh, round-robin
@@ -41,7 +45,16 @@ from pathlib import Path
 if __package__ in {None, ""}:  # `python bench/run.py` from the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import actions, baseline, fabric, model_fanout, scale_warm, scaler_phases, scaler_sim
+from bench import (
+    actions,
+    baseline,
+    fabric,
+    host_loss,
+    model_fanout,
+    scale_warm,
+    scaler_phases,
+    scaler_sim,
+)
 from bench.lablib import (
     FLEET,
     OUT,
@@ -62,6 +75,7 @@ NAMES = (
     "redeploy",
     "scale-action",
     "scale-out-warm",
+    "host-loss",
     "model-fanout",
     "fabric",
 )
@@ -149,6 +163,31 @@ def scale_out_warm(wanted: set[str]) -> None:
 
     if "scale-out-warm" in wanted:
         with_lab(scale_warm.HOSTS, body)
+
+
+def host_loss_bench(wanted: set[str]) -> None:
+    def body(lab: BenchLab) -> None:
+        progress(f"host-loss: {host_loss.ROUNDS} rounds each, {host_loss.RPS:g} rps")
+        ours = host_loss.measure_pdctl(lab, progress)
+        progress(f"fresh lab: {lab.hosts} hosts")
+        lab.fresh()  # its images stay: the benchmark deploys from them, not from an archive
+        theirs = host_loss.measure_baseline(lab, progress)
+        result(
+            line(
+                "host-loss",
+                host_loss.p50(ours),
+                host_loss.p50(theirs),
+                lab.hosts,
+                f"p50 of {len(ours)} power-offs each; pdctl "
+                + ", ".join(f"{t:.1f}" for t in ours)
+                + " s; baseline (fleet remove --force + deploy) "
+                + ", ".join(f"{t:.1f}" for t in theirs)
+                + " s",
+            )
+        )
+
+    if "host-loss" in wanted:
+        with_lab(host_loss.HOSTS, body)
 
 
 def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, float]) -> None:
@@ -275,6 +314,8 @@ def dry_run(hosts: int, small: int) -> None:
     progress(
         f"fabric: a {fabric.HOSTS}-host mesh is {fabric.HOSTS - 1} rounds; the script's commands"
     )
+    host_loss.check_inputs(BenchLab(out, host_loss.HOSTS))
+    progress("host-loss: the spec is valid and plans a spare of each group on another host")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -298,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         small: dict[str, float] = {"hosts": args.small}
         small_deploy(wanted, args.small, small)
         scale_out_warm(wanted)
+        host_loss_bench(wanted)
         if wanted & BIG_LAB:
             big_lab(wanted, args.hosts, args.actions, small)
         fabric_mesh(wanted, args.hosts)

@@ -28,17 +28,20 @@ from pdctl import (
 from pdctl import fleet as fleets
 from pdctl import service as services
 from pdctl.ansible_data import unsafe_yaml
-from pdctl.errors import HostError, InputError, PdctlError
+from pdctl.errors import HostError, InputError, PdctlError, ServiceDown
+from pdctl.failover import plan_host_loss
 from pdctl.plan import WORKER_ROLES, Plan, Slot, WorkerRole, build, held_by
 from pdctl.results import (
     DeployResult,
     DestroyResult,
     EndpointResult,
     GroupStatus,
+    HostLossStatus,
     ModelStatus,
     ReplicaStatus,
     RouterStatus,
     ScalerStatus,
+    ServiceHealth,
     StatusGroups,
     StatusResult,
 )
@@ -46,7 +49,7 @@ from pdctl.scaler import control
 from pdctl.scaler.decide import Decision
 from pdctl.scaler.setup import handle_store
 from pdctl.scaler_source import archive as scaler_source_archive
-from pdctl.slots import Actuator, SlotState
+from pdctl.slots import UNREACHABLE, Actuator, SlotState
 from pdctl.spec import Env, Spec, load
 from pdctl.unhealthy import Unhealthy
 from pdctl.versions import scaler_requirements
@@ -78,15 +81,18 @@ def make_plan(
     environ: Mapping[str, str] | None = None,
     warn: Progress | None = None,
     create_key: bool = False,
+    unreachable: dict[str, str] | None = None,
 ) -> tuple[Spec, Env, Plan]:
     """The spec placed on the fleet around what the fleet's other services hold.
 
     First around this workspace's other services alone, so that a spec's own conflicts and
     a plain lack of GPUs are refused before any host is contacted; then around what the
-    hosts show of services deployed from elsewhere. A host of the plan that could not be
-    read refuses the plan (HostError), unless ``warn`` is given (`pdctl plan`, a preview):
-    then it is told there. ``create_key``: make the service's key if it has none (a deploy
-    does; `pdctl plan` and a dry run leave the workspace as it is, see drift.secrets_digest).
+    hosts show of services deployed from elsewhere. The hosts of the plan that could not be
+    read refuse the plan (HostError, listing every one), unless ``warn`` is given (`pdctl
+    plan`, a preview: then each is told there) or ``unreachable`` is (a deploy that skips
+    them: they are put there, host -> why). ``create_key``: make the service's key if it has
+    none (a deploy does; `pdctl plan` and a dry run leave the workspace as it is, see
+    drift.secrets_digest).
     """
     environ = os.environ if environ is None else environ
     spec, env = load(spec_path, environ)
@@ -106,16 +112,24 @@ def make_plan(
         plan = build(
             spec, env, fleet_model, secrets_digest=digest, allow_partial=allow_partial, held=held
         )
-    for host in plan.hosts():
-        if host not in found.unread:
-            continue
-        message = (
-            f"{host}: cannot read which GPUs and ports other services hold there "
-            f"({found.unread[host]})"
+    unread = {host: found.unread[host] for host in plan.hosts() if host in found.unread}
+    if unread and warn is None and unreachable is None:
+        raise HostError(
+            f"{len(unread)} host(s) of the plan cannot be reached: "
+            + "; ".join(f"{host}: {why}" for host, why in unread.items()),
+            hint=f"bring them back (`pdctl fleet check {plan.fleet}`), or converge the other "
+            "hosts with `pdctl deploy ... --skip-unreachable` (what runs on these stays as "
+            "it is; the scaler replaces their replicas while they are away)",
+            unreachable=sorted(unread),
         )
-        if warn is None:
-            raise HostError(message, hint="check the host: pdctl fleet check " + plan.fleet)
-        warn(f"{message}; the plan does not know of services deployed there from elsewhere")
+    for host, why in unread.items():
+        if unreachable is not None:
+            unreachable[host] = why
+        if warn is not None:
+            warn(
+                f"{host}: cannot read which GPUs and ports other services hold there ({why}); "
+                "the plan does not know of services deployed there from elsewhere"
+            )
     if fresh is not None:  # kept only for a valid plan: a refused spec leaves no state
         drift.save_key(workspace, spec.name, fresh)
     return spec, env, plan
@@ -249,6 +263,15 @@ def playbook_vars(plan: Plan) -> dict[str, Any]:
     }
 
 
+def without_hosts(plan: Plan, hosts: set[str]) -> Plan:
+    """The plan with no slot on ``hosts``: what prefetching the others needs."""
+    groups = {
+        role: group.model_copy(update={"slots": [s for s in group.slots if s.host not in hosts]})
+        for role, group in plan.groups.items()
+    }
+    return plan.model_copy(update={"groups": groups})
+
+
 def apply(
     workspace: Workspace,
     plan: Plan,
@@ -257,9 +280,12 @@ def apply(
     dry_run: bool = False,
     converge: bool = False,
     verbosity: int = 0,
+    skip: set[str] | None = None,
 ) -> DeployResult:
     """Converge the hosts to the plan, unless the quick check finds them as the last deploy
-    left them (pdctl/drift.py); ``converge`` runs the playbooks regardless."""
+    left them (pdctl/drift.py); ``converge`` runs the playbooks regardless. ``skip``: hosts
+    that cannot be reached, left as they are (`--skip-unreachable`)."""
+    skip = set(skip or ())
     old = services.stored_plan(workspace, plan.service)
     extravars = playbook_vars(plan)
     fleet_dir = inventory.fleet_dir(workspace, plan.fleet)
@@ -272,8 +298,9 @@ def apply(
         changes=diff(old, plan),
         endpoint=services.endpoint(plan),
         api_key_file=services.api_key_file(plan),
+        skipped_hosts=sorted(skip),
     )
-    if not converge:
+    if not converge and not skip:
         doc.drift = _quick_check(workspace, plan, key, inputs, progress)
         if not doc.drift:
             progress("every host matches the last deploy: nothing to do")
@@ -287,13 +314,19 @@ def apply(
             drift.forget(workspace, plan.service)  # a run that fails half-way leaves no record
             # Before any unit starts: a worker finds its model in the host's cache, and its
             # image in the host's runtime (taken once, spread from peers).
-            doc.model = prefetch.for_plan(workspace, plan, progress)
-            doc.images = image_prefetch.for_plan(workspace, plan, progress)
+            reachable = without_hosts(plan, skip)
+            doc.model = prefetch.for_plan(workspace, reachable, progress)
+            doc.images = image_prefetch.for_plan(workspace, reachable, progress)
+        if skip:
+            progress(f"skipping {', '.join(sorted(skip))}: unreachable")
         summary = runner.run_playbook(
             "deploy.yml",
             fleet_dir,
-            extravars=extravars,
+            extravars={**extravars, "pd_preflight_unreachable": sorted(skip)}
+            if skip
+            else extravars,
             secrets=services.secret_values(plan),
+            limit=":".join(["all", *(f"!{host}" for host in sorted(skip))]) if skip else None,
             forks=min(100, max(5, len(plan.hosts()))),
             check=dry_run,
             diff=dry_run,
@@ -310,6 +343,16 @@ def apply(
                 observed = drift.observe(handle, key)
                 states = {name: st for o in observed.values() for name, st in o.states.items()}
                 every_host_read = all(not o.error for o in observed.values())
+                if not every_host_read and skip:
+                    # The skipped hosts' slots are neither rolled nor used as spares.
+                    states.update(
+                        {
+                            s.name: SlotState(s, UNREACHABLE, None)
+                            for s in plan.slots()
+                            if s.host in skip
+                        }
+                    )
+                    every_host_read = all(not o.error for h, o in observed.items() if h not in skip)
                 doc.rolled = _roll(handle, progress, states if every_host_read else None)
                 services.save_plan(workspace, plan)
                 drift.save_record(workspace, plan.service, inputs, observed)
@@ -422,7 +465,7 @@ def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | Non
     spares = [
         s.slot
         for s in states.values()
-        if s.slot.group == role and not s.running and s.slot != exclude
+        if s.slot.group == role and not s.running and s.active != UNREACHABLE and s.slot != exclude
     ]
     return min(spares, key=lambda slot: slot.index, default=None)
 
@@ -440,12 +483,20 @@ def _into_service(actuator: Actuator, slot: Slot) -> None:
     actuator.wait_in_service(slot)
 
 
+# `pdctl status` waits this long for a host (its unit states), then shows it unreachable.
+STATUS_TIMEOUT = 10.0
+LOGS_TIMEOUT = 30.0  # `pdctl logs` (without -f): one journal read
+
+
 def status(workspace: Workspace, name: str) -> StatusResult:
+    """The service as it runs, read live. Degrades, never fails, on hosts that do not
+    answer: their replicas show "unreachable" (``unreachable`` says why); the router's and
+    the scaler's parts show what could be read. ``health`` says whether the service serves."""
     plan = services.load_plan(workspace, name)
     record = services.record_state(workspace, name)
     # A deploy that did not complete may have left any part: read what is there.
-    with services.open_handle(workspace, plan, need_key=record == "applied") as handle:
-        states = handle.actuator.states(strict=record == "applied")
+    with services.open_handle(workspace, plan, need_key=False) as handle:
+        states, unreachable = handle.actuator.read_states(timeout=STATUS_TIMEOUT)
         reasons = _why_failed(handle.actuator, states)
         try:
             if handle.router_problem:
@@ -454,7 +505,12 @@ def status(workspace: Workspace, name: str) -> StatusResult:
             router_state = "ready" if handle.router.ready() else "not ready"
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
-        scaler = control.recorded(handle_store(handle)) if not handle.router_problem else None
+        scaler = None
+        if plan.router.host not in unreachable:
+            try:
+                scaler = control.recorded(handle_store(handle))
+            except PdctlError:
+                scaler = None
         model = prefetch.status(
             plan, handle.fleet.settings.model_endpoint, handle.pool, handle.targets
         )
@@ -484,15 +540,31 @@ def status(workspace: Workspace, name: str) -> StatusResult:
                 )
             )
         decision = _decision(decisions.get(role))
+        desired = decision.desired if decision and scaler_alive else None
         groups[role] = GroupStatus(
             min=group.min,
             max=group.max,
-            desired=decision.desired if decision and scaler_alive else None,
+            desired=desired,
             pinned=pins.get(role),
             running=sum(r.state == "active" for r in replicas),
             last_decision=decision,
             replicas=replicas,
+            spares=sum(
+                1 for s in group.slots if s.host not in unreachable and not states[s.name].running
+            ),
         )
+    need: dict[str, int] = {
+        role: g.desired if g.desired is not None else g.min for role, g in groups.items()
+    }
+    losses = plan_host_loss(plan, need, lost=unreachable)
+    for role in WORKER_ROLES:
+        groups[role].host_loss = HostLossStatus.model_validate(losses[role].to_dict())
+    short = any(
+        g.running < (g.desired if g.desired is not None else g.min) for g in groups.values()
+    )
+    health: ServiceHealth = (
+        "down" if router_state != "ready" else "degraded" if unreachable or short else "serving"
+    )
     return StatusResult(
         service=name,
         fleet=plan.fleet,
@@ -503,6 +575,8 @@ def status(workspace: Workspace, name: str) -> StatusResult:
             running=scaler_alive,
             rps=(scaler or {}).get("rps"),
             recorded_at=(scaler or {}).get("at"),
+            hosts=_scaler_hosts(scaler),
+            fenced=[str(n) for n in (scaler or {}).get("fenced") or [] if isinstance(n, str)],
         ),
         groups=StatusGroups(
             router=RouterStatus(
@@ -516,7 +590,31 @@ def status(workspace: Workspace, name: str) -> StatusResult:
             decode=groups["decode"],
         ),
         model=ModelStatus.model_validate(model) if model else None,
+        health=health,
+        unreachable=unreachable,
     )
+
+
+def status_failure(doc: StatusResult) -> ServiceDown | None:
+    """The error `pdctl status` exits with after printing ``doc``: only a service that does
+    not serve (a host that does not answer is shown, not failed on)."""
+    if doc.health != "down":
+        return None
+    router = doc.groups.router
+    return ServiceDown(
+        f"service {doc.service} is down: its router on {router.host} is {router.state}",
+        hint=f"pdctl logs of the replicas; `pdctl deploy` to repair the router on {router.host}"
+        if router.state.startswith("unreachable")
+        else "no healthy prefill and decode worker: see the replicas above",
+    )
+
+
+def _scaler_hosts(scaler: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The scaler's record of silent and lost hosts (its own file: checked, not trusted)."""
+    hosts = (scaler or {}).get("hosts")
+    if not isinstance(hosts, dict):
+        return {}
+    return {str(h): v for h, v in hosts.items() if isinstance(v, dict)}
 
 
 def _decision(recorded: object) -> Decision | None:
@@ -581,16 +679,26 @@ def logs(
     slot = find_slot(plan, which)
     unit = slot.unit(plan.service)
     command = f"sudo -n journalctl -u {unit} -n {int(lines)} --no-pager -o short-iso"
-    with services.open_handle(workspace, plan) as handle:
+    # Only the replica's host is contacted (not the router's): logs of a host that answers
+    # never depend on one that does not.
+    with services.open_handle(workspace, plan, need_key=False) as handle:
         target = handle.targets[slot.host]
-        if not follow:
-            result = handle.pool.run(target, command)
-            write(result.stdout)
-            return
-        with handle.pool.session(target) as client:
-            _stdin, stdout, _stderr = client.exec_command(command + " -f", get_pty=True)
-            for line in iter(stdout.readline, ""):
-                write(line)
+        try:
+            if not follow:
+                result = handle.pool.run(target, command, timeout=LOGS_TIMEOUT)
+                write(result.stdout)
+                return
+            with handle.pool.session(target) as client:
+                _stdin, stdout, _stderr = client.exec_command(command + " -f", get_pty=True)
+                for line in iter(stdout.readline, ""):
+                    write(line)
+        except PdctlError as exc:
+            others = [s.name for s in plan.slots() if s.host != slot.host]
+            raise HostError(
+                f"{which} runs on {slot.host}, which does not answer: {exc.message}",
+                hint=f"bring {slot.host} back (`pdctl status {name}` shows what it is); the "
+                f"other hosts' replicas' logs still read: {', '.join(others) or 'none'}",
+            ) from exc
 
 
 def destroy(workspace: Workspace, name: str, progress: Progress) -> DestroyResult:

@@ -73,6 +73,14 @@ class NotFound(PdctlError):
     kind = "not_found"
 
 
+class ServiceDown(PdctlError):
+    """The service does not serve: its router does not answer or is not ready (no healthy
+    prefill and decode). `pdctl status` still prints everything it could read."""
+
+    exit_code = 8
+    kind = "service_down"
+
+
 class Interrupted(PdctlError):
     exit_code = 130
     kind = "interrupted"

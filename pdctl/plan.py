@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, Field, model_validator
 from pdctl import layout, model_cache, topology, validate
 from pdctl.commands import worker_script
 from pdctl.errors import CheckFailed, InputError
+from pdctl.failover import FailoverPlan, refuse_unsurvivable
 from pdctl.fleet_model import Fleet, FleetHost, GpuVendor, natural_key
 from pdctl.grpc_health import GRPC_HEALTH_CHECK, GRPC_STANDARD_HEALTH
 from pdctl.hostgpus import NIC_NAME, NIC_NAME_RULE, FactsError, HostGpus
@@ -271,6 +272,8 @@ class Plan(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # Where the service lives on its hosts (pd_layout of the extra-vars).
     roots: Roots = Field(default_factory=Roots)
+    # What the scaler does about replicas and hosts that stop answering; N+1 asked or not.
+    failover: FailoverPlan = Field(default_factory=FailoverPlan)
 
     @property
     def layout(self) -> Layout:
@@ -588,6 +591,7 @@ def build(
     _check_kv_ip(spec, placed)
     plan.notes = notes + _wire_ports(spec, plan, placed, others)
     _check_listeners(plan, others)
+    refuse_unsurvivable(plan)
     return plan
 
 
@@ -949,6 +953,10 @@ def _plan(
         groups=groups,
         port_stride=settings.ports.stride,
         excluded_hosts=dict(sorted(excluded.items())),
+        failover=FailoverPlan(
+            **settings.scaler.model_dump(),
+            survive_host_loss=settings.placement.survive_host_loss,
+        ),
     )
 
 

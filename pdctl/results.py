@@ -30,6 +30,8 @@ class DeployResult(BaseModel):
         default_factory=list
     )  # the replicas replaced by a rolling update ("decode/2", ...)
     converged: bool = False  # the playbooks ran (False: the quick check found nothing to do)
+    # hosts of the plan left as they were: unreachable, and --skip-unreachable given
+    skipped_hosts: list[str] = Field(default_factory=list)
     drift: list[str] = Field(
         default_factory=list
     )  # why the hosts needed a converge ([] when it was not checked)
@@ -77,6 +79,16 @@ class ReplicaStatus(BaseModel):
     last_log: str | None  # for a failed unit: its journal's last line
 
 
+class HostLossStatus(BaseModel):
+    """The group against the loss of one more host (N+1): pdctl/failover.py HostLoss."""
+
+    need: int  # the replicas it must keep: the scaler's desired count, else its min
+    slots: int  # its slots on hosts that answer
+    worst_host: str | None  # the host whose loss would leave the fewest
+    left: int  # the slots left then
+    survives: bool  # left >= need
+
+
 class GroupStatus(BaseModel):
     min: int
     max: int
@@ -85,6 +97,8 @@ class GroupStatus(BaseModel):
     running: int
     last_decision: Decision | None  # as the scaler recorded it
     replicas: list[ReplicaStatus]
+    spares: int = 0  # slots that could start now: not running, on hosts that answer
+    host_loss: HostLossStatus | None = None
 
 
 class StatusGroups(BaseModel):
@@ -100,6 +114,16 @@ class ScalerStatus(BaseModel):
     running: bool
     rps: float | None
     recorded_at: float | None  # when the scaler last recorded its state (Unix time)
+    # worker hosts the scaler finds silent or has declared lost: host -> {state, since, error}
+    hosts: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # slots it keeps out of service until it has stopped and disabled them (a lost host's)
+    fenced: list[str] = Field(default_factory=list)
+
+
+# serving: the router is ready and every host answers; degraded: the router is ready, but a
+# host does not answer or a group runs fewer replicas than desired; down: the router does
+# not answer or is not ready (no healthy prefill and decode): `pdctl status` exits 8.
+ServiceHealth = Literal["serving", "degraded", "down"]
 
 
 class StatusResult(BaseModel):
@@ -113,6 +137,10 @@ class StatusResult(BaseModel):
     scaler: ScalerStatus
     groups: StatusGroups
     model: ModelStatus | None = None
+    health: ServiceHealth = "serving"
+    # hosts of the plan that did not answer (their replicas' state is "unreachable"): the SSH
+    # error, host -> why
+    unreachable: dict[str, str] = Field(default_factory=dict)
 
 
 class DestroyResult(BaseModel):

@@ -21,6 +21,8 @@ from pdctl.errors import HostError
 
 Connector = Callable[[str, int], Any]
 REQUESTS_TOTAL = "smg_router_requests_total"
+CB_STATE = "smg_worker_cb_state"  # per worker: 0 closed, 1 open, 2 half-open
+CB_OPEN = 1.0
 
 
 def tcp_connector(timeout: float = 5.0) -> Connector:
@@ -34,6 +36,11 @@ class _Connection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         self.sock = self._connector(self.host, self.port)
+        # Every read by the request's own timeout, whatever the connector set (a peer that
+        # stopped answering must not hold a caller longer than it asked).
+        settimeout = getattr(self.sock, "settimeout", None)
+        if settimeout is not None and self.timeout is not None:
+            settimeout(self.timeout)
 
 
 @dataclass
@@ -169,3 +176,15 @@ def samples(text: str, name: str) -> Iterable[tuple[dict[str, str], float]]:
 def requests_total(text: str) -> float:
     """Client requests served so far: smg_router_requests_total summed over its labels."""
     return sum(value for _, value in samples(text, REQUESTS_TOTAL))
+
+
+def open_circuits(text: str) -> set[str]:
+    """The worker URLs whose circuit breaker is open (SMG rejects them without trying)."""
+    try:
+        return {
+            labels["worker"].rstrip("/")
+            for labels, value in samples(text, CB_STATE)
+            if value == CB_OPEN and "worker" in labels
+        }
+    except ValueError:
+        return set()

@@ -13,6 +13,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
 from pdctl import ssh
@@ -25,6 +26,10 @@ from pdctl.unhealthy import Unhealthy, UnhealthyUnits, from_unitctl
 
 HEALTH_POLL = 0.2  # seconds between probes of a starting slot
 UNIT_CHECK = 2.0  # seconds between looks at a starting slot's unit (has systemd given up?)
+STATES_TIMEOUT = 15.0  # one host's `pdctl-unitctl states`, at most
+PROBE_TIMEOUT = 5.0  # one health check of one worker, at most
+# The state of a slot whose host could not be read.
+UNREACHABLE = "unreachable"
 
 
 @dataclass(frozen=True)
@@ -83,48 +88,88 @@ class Actuator:
             )
         return result
 
-    def states(self, *, strict: bool = True) -> dict[str, SlotState]:
-        """Every planned slot's unit state, read live (one SSH command per host).
-        ``strict=False``: a host that cannot be read gives its slots the state "unknown"."""
-        found: dict[str, SlotState] = {}
-        by_host: dict[str, list[Slot]] = {}
+    def slots_by_host(self) -> dict[str, list[Slot]]:
+        found: dict[str, list[Slot]] = {}
         for slot in self.plan.slots():
-            by_host.setdefault(slot.host, []).append(slot)
-
-        def read(host: str) -> str | None:
-            try:
-                return self._unitctl(host, "states").stdout
-            except HostError:
-                if strict:
-                    raise
-                return None
-
-        # One command per host, all hosts at once (the pool runs them on their own channels).
-        with ThreadPoolExecutor(max_workers=min(16, len(by_host) or 1)) as workers:
-            outputs = dict(zip(by_host, workers.map(read, by_host), strict=True))
-        for host, slots in by_host.items():
-            output = outputs[host]
-            if output is None:
-                found.update(
-                    {s.name: SlotState(slot=s, active="unknown", config=None) for s in slots}
-                )
-            else:
-                found.update(parse_states(output, slots))
+            found.setdefault(slot.host, []).append(slot)
         return found
 
-    def start(self, slot: Slot) -> None:
-        self._unitctl(slot.host, "start", slot.group, str(slot.index))
+    def host_states(self, host: str, timeout: float = STATES_TIMEOUT) -> dict[str, SlotState]:
+        """The unit state of each slot on one host (one SSH command, within ``timeout``)."""
+        output = self._unitctl(host, "states", timeout=timeout).stdout
+        return parse_states(output, self.slots_by_host().get(host, []))
+
+    def read_states(
+        self, timeout: float = STATES_TIMEOUT
+    ) -> tuple[dict[str, SlotState], dict[str, str]]:
+        """Every slot's unit state, all hosts at once, and why each host that gave none did
+        not: its slots are "unreachable". Each host within ``timeout``; a host that does not
+        answer holds up no other (its thread is left to the SSH command's own deadline)."""
+        by_host = self.slots_by_host()
+        calls = ThreadPoolExecutor(max_workers=min(32, len(by_host) or 1))
+        futures = {host: calls.submit(self.host_states, host, timeout) for host in by_host}
+        wait_futures(list(futures.values()), timeout=timeout + 1)
+        calls.shutdown(wait=False)
+        found: dict[str, SlotState] = {}
+        errors: dict[str, str] = {}
+        for host, slots in by_host.items():
+            future = futures[host]
+            error: BaseException | None = None
+            if not future.done():
+                error = HostError(f"{host}: no answer within {timeout:g} s")
+            else:
+                error = future.exception()
+            if error is None:
+                found.update(future.result())
+                continue
+            if not isinstance(error, HostError):
+                raise error
+            errors[host] = error.message
+            found.update({s.name: SlotState(s, UNREACHABLE, None) for s in slots})
+        return found, errors
+
+    def states(self, *, strict: bool = True) -> dict[str, SlotState]:
+        """Every planned slot's unit state, read live (one SSH command per host).
+        ``strict=False``: a host that cannot be read gives its slots the state
+        "unreachable"; else its error is raised."""
+        found, errors = self.read_states()
+        if errors and strict:
+            host, why = next(iter(errors.items()))
+            raise HostError(why, hint=f"is {host} up? `pdctl status {self.plan.service}`")
+        return found
+
+    def start(self, slot: Slot, timeout: float = 60.0) -> None:
+        self._unitctl(slot.host, "start", slot.group, str(slot.index), timeout=timeout)
 
     def stop(self, slot: Slot) -> None:
         self._unitctl(
             slot.host, "stop", slot.group, str(slot.index), timeout=self.plan.stop_timeout + 60
         )
 
-    def healthy(self, slot: Slot) -> bool:
-        """Whether the slot's worker answers its probe: the spec's HTTP probe, or for a gRPC
-        worker (vLLM, SGLang's gRPC mode) its gRPC health call, through the host's SSH
-        connection."""
-        connector = self.connector(self.targets[slot.host])
+    def stop_now(self, slot: Slot, kill_after: float) -> None:
+        """Stop the slot without waiting on a drain: what runs after ``kill_after`` seconds is
+        killed (a hung worker never finishes one). For a replica that serves nothing."""
+        seconds = str(max(0, round(kill_after)))
+        self._unitctl(
+            slot.host, "stop-now", slot.group, str(slot.index), seconds, timeout=kill_after + 30
+        )
+
+    def fence(self, slot: Slot, kill_after: float) -> None:
+        """Disable the slot's unit (it no longer starts at boot) and stop it now: a replica
+        replaced while its host was away."""
+        seconds = str(max(0, round(kill_after)))
+        self._unitctl(
+            slot.host, "fence", slot.group, str(slot.index), seconds, timeout=kill_after + 30
+        )
+
+    def healthy(self, slot: Slot, timeout: float = PROBE_TIMEOUT) -> bool:
+        """Whether the slot's worker answers its probe within ``timeout``: the spec's HTTP
+        probe, or for a gRPC worker (vLLM, SGLang's gRPC mode) its gRPC health call, through the
+        host's SSH connection."""
+        try:
+            connector = self.connector(self.targets[slot.host])
+        except (OSError, HostError):
+            return False
         if slot.connection == "grpc":
             try:
                 stream = connector(slot.address, slot.port)
@@ -132,12 +177,12 @@ class Actuator:
                 return False
             try:
                 authority = f"{slot.address}:{slot.port}"
-                return grpc_healthy(stream, authority, slot.grpc_health, timeout=5)
+                return grpc_healthy(stream, authority, slot.grpc_health, timeout=timeout)
             finally:
                 stream.close()
         try:
             response = request(
-                connector, slot.address, slot.port, "GET", self.plan.probe.url, timeout=5
+                connector, slot.address, slot.port, "GET", self.plan.probe.url, timeout=timeout
             )
         except HostError:
             return False

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdctl import hf_layout, layout, validate
+from pdctl import failover, hf_layout, layout, validate
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import GpuVendor
@@ -618,6 +618,24 @@ class PdctlPorts(Strict):
     )
 
 
+class PdctlPlacement(Strict):
+    survive_host_loss: bool = Field(
+        False,
+        description="Refuse a plan in which losing any one host leaves a group fewer slots "
+        "than its min count (pdctl/failover.py).",
+    )
+
+
+class PdctlScaler(Strict):
+    """How fast the scaler acts on a replica or host that stops answering (pdctl/failover.py)."""
+
+    interval: Annotated[Duration, Field(ge=0.2, le=60)] = failover.INTERVAL
+    host_lost_after: Annotated[Duration, Field(ge=1, le=600)] = failover.HOST_LOST_AFTER
+    unhealthy_after: Annotated[Duration, Field(ge=1, le=600)] = failover.UNHEALTHY_AFTER
+    probe_timeout: Annotated[Duration, Field(ge=0.2, le=60)] = failover.PROBE_TIMEOUT
+    kill_after: Annotated[Delay, Field(le=600)] = failover.KILL_AFTER
+
+
 class PdctlSettings(Strict):
     """Settings only pdctl reads; they sit under one top-level key so dstack files stay readable."""
 
@@ -643,6 +661,8 @@ class PdctlSettings(Strict):
     stop_timeout: Duration = float(layout.STOP_TIMEOUT)
     router: PdctlRouter = Field(default_factory=PdctlRouter)
     ports: PdctlPorts = Field(default_factory=PdctlPorts)
+    placement: PdctlPlacement = Field(default_factory=PdctlPlacement)
+    scaler: PdctlScaler = Field(default_factory=PdctlScaler)
     wheelhouse: HostPath | None = Field(
         None, description="Directory of wheels on the router host (offline SMG install)."
     )

@@ -345,17 +345,70 @@ class Result:
     stderr: str
 
 
+class CommandTimeout(HostError):
+    """A command over SSH did not complete within its deadline (the host may have stopped
+    answering: a dead peer keeps a TCP connection silent for many minutes). ``silent``: the
+    host never acknowledged the command (its connection is no use), rather than the command
+    itself running long."""
+
+    def __init__(self, message: str, *, silent: bool, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.silent = silent
+
+
 def run(
     client: paramiko.SSHClient, command: str, *, stdin: str | None = None, timeout: float = 60.0
 ) -> Result:
-    """Run a command; rc, stdout and stderr, never raising for a non-zero rc."""
-    channel_in, channel_out, channel_err = client.exec_command(command, timeout=timeout)
-    if stdin is not None:
-        channel_in.write(stdin)
-    channel_in.channel.shutdown_write()
-    out = channel_out.read().decode(errors="replace")
-    err = channel_err.read().decode(errors="replace")
-    return Result(rc=channel_out.channel.recv_exit_status(), stdout=out, stderr=err)
+    """Run a command; rc, stdout and stderr, never raising for a non-zero rc.
+
+    ``timeout`` bounds the whole command, whatever the host does: opening its channel, the
+    server's answer, the output. At the deadline the channel is closed (which wakes every wait
+    on it) and CommandTimeout raised."""
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise paramiko.SSHException("the connection is closed")
+    expired = threading.Event()
+    opened: list[paramiko.Channel] = []
+    guard = threading.Lock()
+
+    def expire() -> None:
+        with guard:
+            expired.set()
+            channels = list(opened)
+        for channel in channels:
+            channel.close()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    acknowledged = False  # the host accepted the command: it answers, the command runs long
+    try:
+        channel = transport.open_session(timeout=timeout)
+        with guard:
+            opened.append(channel)
+            late = expired.is_set()
+        if late:
+            channel.close()
+        channel.settimeout(timeout)
+        channel.exec_command(command)
+        acknowledged = True
+        if stdin is not None:
+            channel.sendall(stdin.encode())
+        channel.shutdown_write()
+        out = channel.makefile("rb").read().decode(errors="replace")
+        err = channel.makefile_stderr("rb").read().decode(errors="replace")
+        rc = channel.recv_exit_status()
+    except (paramiko.SSHException, OSError) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            raise CommandTimeout(
+                f"no answer within {timeout:g} s ({exc or 'timed out'})", silent=not acknowledged
+            ) from exc
+        raise
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise CommandTimeout(f"no answer within {timeout:g} s", silent=not acknowledged)
+    return Result(rc=rc, stdout=out, stderr=err)
 
 
 # What a command on an open connection can fail with besides a non-zero exit: the channel
@@ -452,16 +505,43 @@ class Pool:
             yield client
         except paramiko.ChannelException:
             raise  # one channel refused; the connection itself is fine
+        except CommandTimeout as exc:
+            # Silent: the next use connects afresh (and fails fast when the host is gone)
+            # instead of waiting on this connection again. A command that merely ran long
+            # leaves the others on the connection alone.
+            if exc.silent:
+                self.drop(target, client)
+            raise
         except (paramiko.SSHException, OSError):
-            client.close()
-            with self._guard:
-                if self._clients.get(target) is client:
-                    self._clients.pop(target, None)
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                self.drop(target, client)  # the connection broke, not just one channel
             raise
 
+    def drop(self, target: Target, client: paramiko.SSHClient | None = None) -> None:
+        """Forget the host's pooled connection (``client``: only if it is still that one)."""
+        with self._guard:
+            current = self._clients.get(target)
+            if current is None or (client is not None and current is not client):
+                return
+            self._clients.pop(target, None)
+        current.close()
+
     def run(self, target: Target, command: str, *, timeout: float = 60.0) -> Result:
-        with self.session(target) as client:
-            return run(client, command, timeout=timeout)
+        """``command`` on the host within ``timeout`` seconds; HostError (naming the host)
+        when it cannot be reached or does not answer in time."""
+        try:
+            with self.session(target) as client:
+                return run(client, command, timeout=timeout)
+        except CommandTimeout as exc:
+            raise CommandTimeout(
+                f"{target.label}: {exc.message}", silent=exc.silent, hint=exc.hint
+            ) from exc
+        except (paramiko.SSHException, OSError) as exc:
+            raise HostError(
+                f"{target.label}: SSH command failed: {exc or type(exc).__name__}",
+                hint="check that the host is up and reachable",
+            ) from exc
 
     def start(self, target: Target, command: str) -> Running:
         with self.session(target) as client:

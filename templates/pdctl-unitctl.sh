@@ -5,6 +5,12 @@
 #   stop GROUP K      stop it (the unit's ExecStop drains the worker)
 #   why GROUP K       its ActiveState= and NRestarts= lines, "--", then the last lines its own
 #                     processes wrote to the journal, the service's secret values masked (***)
+#   stop-now GROUP K SECONDS
+#                     stop it without waiting on a drain: what is left after SECONDS is killed
+#                     (a hung worker never finishes one); prints the unit's state after
+#   fence GROUP K SECONDS
+#                     disable it (it no longer starts at boot), then stop-now: a replica that was
+#                     replaced while its host was away
 # Installed by the pd_worker role; the scaler's SSH key may run nothing else (authorized_keys
 # command=...), so every argument is checked against a strict pattern before use.
 #
@@ -31,7 +37,7 @@ if [ "${1:-}" = "--ssh" ]; then
     shift
     exec sudo -n "$self" "$@"
 fi
-[ "$#" -ge 2 ] || { echo "usage: pdctl-unitctl SERVICE states|start|stop [GROUP K]" >&2; exit 2; }
+[ "$#" -ge 2 ] || { echo "usage: pdctl-unitctl SERVICE states|start|stop|stop-now|fence|why [GROUP K [SECONDS]]" >&2; exit 2; }
 service=$1 verb=$2
 case "$service" in *[!a-z0-9-]* | "" ) echo "bad service name" >&2; exit 2 ;; esac
 
@@ -40,6 +46,7 @@ slot_args() {
     case "$1" in prefill|decode) ;; *) echo "bad group: $1" >&2; exit 2 ;; esac
     case "$2" in *[!0-9]* | "" ) echo "bad slot: $2" >&2; exit 2 ;; esac
     unit="pd-$service-$1@$2.service"
+    container="pd-$service-$1-$2"
 }
 
 runtime() {
@@ -78,6 +85,41 @@ mask_secrets() {
         }'
 }
 
+unit_state() {
+    systemctl show -p ActiveState --value "$unit"
+}
+
+# The unit gone within SECONDS (its ExecStop asks the worker to drain), else killed: the unit's
+# processes, then the container (podman and docker may run it outside the unit's cgroup).
+stop_now() {
+    case "$1" in *[!0-9]* | "" ) echo "bad seconds: $1" >&2; exit 2 ;; esac
+    [ "$1" -le 3600 ] || { echo "bad seconds: $1" >&2; exit 2; }
+    systemctl stop --no-block "$unit"
+    waited=0
+    while [ "$waited" -lt "$1" ]; do
+        case $(unit_state) in inactive|failed) break ;; esac
+        sleep 1; waited=$((waited + 1))
+    done
+    case $(unit_state) in
+        inactive|failed) ;;
+        *)
+            systemctl kill --signal=SIGKILL "$unit" 2>/dev/null || true
+            rt=$(runtime)
+            "$rt" kill --signal KILL "$container" >/dev/null 2>&1 || true
+            "$rt" rm -f "$container" >/dev/null 2>&1 || true
+            waited=0
+            while [ "$waited" -lt 20 ]; do
+                case $(unit_state) in inactive|failed) break ;; esac
+                sleep 0.5; waited=$((waited + 1))
+            done
+            ;;
+    esac
+    systemctl reset-failed "$unit" 2>/dev/null || true
+    state=$(unit_state)
+    echo "$state"
+    case "$state" in inactive|failed) ;; *) exit 1 ;; esac
+}
+
 case "$verb" in
     states)
         rt=$(runtime)
@@ -92,6 +134,16 @@ case "$verb" in
         ;;
     start) shift 2; slot_args "$@"; exec systemctl start "$unit" ;;
     stop) shift 2; slot_args "$@"; exec systemctl stop "$unit" ;;
+    stop-now)
+        shift 2; [ "$#" -eq 3 ] || { echo "stop-now needs GROUP K SECONDS" >&2; exit 2; }
+        slot_args "$1" "$2"; stop_now "$3"
+        ;;
+    fence)
+        shift 2; [ "$#" -eq 3 ] || { echo "fence needs GROUP K SECONDS" >&2; exit 2; }
+        slot_args "$1" "$2"
+        systemctl disable --quiet "$unit" 2>/dev/null || true
+        stop_now "$3"
+        ;;
     why)
         shift 2; slot_args "$@"
         systemctl show --property=ActiveState,NRestarts "$unit"

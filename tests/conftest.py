@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "test_undo",
     "test_model_cache",
     "test_fleet",
+    "test_host_loss",
     "test_scaler",
     "test_lab_any_spec",
     "test_lab_nvidia",

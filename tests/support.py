@@ -87,6 +87,16 @@ def pdctl(
     return proc
 
 
+def service_status(home: Path, service: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`pdctl --json status SERVICE`: exit 0, or 8 while the service is down (its router
+    does not answer or is not ready); the document either way."""
+    proc = pdctl(home, "--json", "status", service, env=env, check=False)
+    assert proc.returncode in (0, 8), f"status exited {proc.returncode}: {proc.stderr}"
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    assert (proc.returncode == 8) == (doc["health"] == "down"), doc["health"]
+    return doc
+
+
 def private_tmp(home: Path) -> Path:
     """The TMPDIR of pdctl runs in workspace `home` (tests run side by side: /tmp is shared)."""
     return home.with_name(home.name + ".tmp")

@@ -138,19 +138,24 @@ def status(app: App) -> None:
 @click.argument("arg", required=False)
 @pass_app
 def fault(app: App, host: str, kind: str, arg: str | None) -> None:
-    """Inject a fault into a running host (`clear` removes them all).
+    """Inject a fault into a running host (`clear` removes them all), or power it off and on.
 
     \b
     KIND: nic-missing DEV | port-down DEV | provider-lib-missing | no-runtime |
           sshd-down | sudo-password | gpu-missing N | worker-unhealthy |
           driver-missing | cdi-missing (NVIDIA hosts) |
-          link-slow RATE (bytes/s, both ways: 20M) | clear
+          link-slow RATE (bytes/s, both ways: 20M) | clear |
+          power-off (at once: no packet in or out, every process gone, disk kept) |
+          power-on (boots it again; its enabled units start)
     """
-    doc = manager.fault(app.workspace, host, kind, arg)
-    app.out.result(
-        doc,
-        lambda: app.out.line(f"{doc['host']}: faults now: {', '.join(doc['faults']) or 'none'}"),
-    )
+    with app.out.progress(f"lab fault {host} {kind}") as progress:
+        doc = manager.fault(app.workspace, host, kind, arg, progress)
+
+    def render() -> None:
+        faults_now = ", ".join(doc["faults"]) or "none"
+        app.out.line(f"{doc['host']}: power {doc['power']}; faults now: {faults_now}")
+
+    app.out.result(doc, render)
 
 
 @lab.command()

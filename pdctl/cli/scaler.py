@@ -35,14 +35,20 @@ def _log(line: str) -> None:
     "if present, else this workspace's plan].",
 )
 @click.option(
-    "--interval", type=float, default=2.0, show_default=True, help="Seconds between ticks."
+    "--interval",
+    type=float,
+    help="Seconds between ticks [default: the plan's, pdctl.scaler.interval of the spec].",
 )
 @click.option(
     "--metrics-port", type=int, help="Serve the scaler's Prometheus metrics on 127.0.0.1:PORT."
 )
 @pass_app
 def run(
-    app: App, service: str, config: Path | None, interval: float, metrics_port: int | None
+    app: App,
+    service: str,
+    config: Path | None,
+    interval: float | None,
+    metrics_port: int | None,
 ) -> None:
     """Run the scaler in the foreground (SIGTERM: finish the action in hand, then exit)."""
     config = config or default_config(service)

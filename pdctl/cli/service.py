@@ -14,7 +14,8 @@ from pdctl import prefetch as prefetches
 from pdctl import service as services
 from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
-from pdctl.errors import CheckFailed, InputError
+from pdctl.errors import CheckFailed, InputError, PdctlError
+from pdctl.failover import plan_host_loss
 from pdctl.plan import WORKER_ROLES, Plan
 from pdctl.results import DeployResult, EndpointResult, StatusResult
 
@@ -42,6 +43,8 @@ def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
     )
     for host, reason in plan.excluded_hosts.items():
         app.out.line(f"not used: {host}: {reason}")
+    for loss in plan_host_loss(plan).values():
+        app.out.line(f"N+1: {loss.describe()}")
     for note in plan.notes:
         app.out.line(f"note: {note}")
     app.out.line("changes:" if changes else "no changes")
@@ -99,6 +102,8 @@ def plan(
         deploys.write_plan_file(planned, output)
     doc = {
         "plan": planned.model_dump(mode="json"),
+        # per group: does losing any one host leave its min count of slots (N+1)?
+        "host_loss": {role: loss.to_dict() for role, loss in plan_host_loss(planned).items()},
         "changes": changes,
         "output": str(output) if output else None,
         "warnings": warnings,
@@ -161,6 +166,12 @@ def _image_lines(app: App, images: dict[str, Any] | None) -> None:
     help="Run the playbooks even when every host matches the last deploy "
     "(by default a quick check over SSH skips them then).",
 )
+@click.option(
+    "--skip-unreachable",
+    is_flag=True,
+    help="Converge the hosts that answer and leave those that do not as they are (by default "
+    "an unreachable host of the plan refuses the deploy, naming every such host).",
+)
 @click.option("-y", "--yes", is_flag=True, help="Apply without asking.")
 @click.option(
     "--certify",
@@ -177,6 +188,7 @@ def deploy(
     allow_partial: bool,
     dry_run: bool,
     converge: bool,
+    skip_unreachable: bool,
     yes: bool,
     certify: bool,
     duration: int,
@@ -193,10 +205,18 @@ def deploy(
             parallel_rails=parallel_rails,
             min_fraction=min_fraction,
         )
+    unreachable: dict[str, str] | None = {} if skip_unreachable else None
     _, _, planned = deploys.make_plan(
-        app.workspace, spec, fleet, allow_partial=allow_partial, create_key=not dry_run
+        app.workspace,
+        spec,
+        fleet,
+        allow_partial=allow_partial,
+        create_key=not dry_run,
+        unreachable=unreachable,
     )
     changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
+    for host, why in (unreachable or {}).items():
+        app.out.warn(f"skipping {host}: unreachable ({why}); what runs there stays as it is")
     if not app.out.json_mode:
         _show_plan(app, planned, changes)
     if not dry_run and not yes:
@@ -216,6 +236,7 @@ def deploy(
             dry_run=dry_run,
             converge=converge,
             verbosity=app.out.verbosity,
+            skip=set(unreachable or {}),
         )
 
     def render() -> None:
@@ -229,6 +250,8 @@ def deploy(
             return
         for reason in doc.drift:
             app.out.line(f"converged because {reason}")
+        if doc.skipped_hosts:
+            app.out.line(f"skipped (unreachable): {', '.join(doc.skipped_hosts)}")
         if dry_run:
             app.out.line(
                 f"dry run: would change {len(hosts)} host(s): {', '.join(hosts) or 'none'}"
@@ -285,10 +308,17 @@ def _render_status(app: App, doc: StatusResult) -> None:
                 else " (it is still running)"
             )
         )
+    app.out.line(f"health: {doc.health}")
     app.out.line(f"router on {router.host}: {router.state}")
+    for host, why in doc.unreachable.items():
+        app.out.line(f"{host}: unreachable: {why}")
     scaler = doc.scaler
     rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
     app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}")
+    for host, seen in scaler.hosts.items():
+        app.out.line(f"scaler: {host} {seen.get('state')}: {seen.get('error') or 'no answer'}")
+    if scaler.fenced:
+        app.out.line(f"scaler: fenced until stopped on their host: {', '.join(scaler.fenced)}")
     if doc.model is not None:
         hosts = ", ".join(f"{host} {state}" for host, state in doc.model.hosts.items())
         size = f", {doc.model.bytes / 1e6:.0f} MB" if doc.model.bytes else ""
@@ -316,6 +346,14 @@ def _render_status(app: App, doc: StatusResult) -> None:
         app.out.line(
             f"{role}: {group.running} running, desired {desired}{pinned}, bounds {bounds}{why}"
         )
+        if group.host_loss is not None:
+            loss = group.host_loss
+            verdict = "survives" if loss.survives else "does NOT survive"
+            worst = f" (losing {loss.worst_host} leaves {loss.left})" if loss.worst_host else ""
+            app.out.line(
+                f"  {group.spares} spare slot(s); {verdict} the loss of one more host for "
+                f"{loss.need} replica(s){worst}"
+            )
     app.out.table(["replica", "host", "port", "unit", "router", "config"], rows)
     for role in WORKER_ROLES:
         for r in doc.groups.worker(role).replicas:
@@ -344,10 +382,14 @@ def status(
     parallel_rails: bool,
     min_fraction: float,
 ) -> None:
-    """Replicas per host, unit states and the router's view, read live."""
+    """Replicas per host, unit states and the router's view, read live.
+
+    A host that does not answer is shown as unreachable (exit 0); exit 8 when the service
+    itself is down (its router does not answer or is not ready)."""
     doc = deploys.status(app.workspace, service)
+    down = deploys.status_failure(doc)
     if not certify:
-        app.out.result(doc, lambda: _render_status(app, doc))
+        emit(app, doc, lambda: _render_status(app, doc), down)
         return
     options = fabric_cli.options(
         duration=duration,
@@ -364,8 +406,8 @@ def status(
         _render_status(app, doc)
         fabric_cli.render(app, report, f"service {service}: KV paths")
 
-    failure = None
-    if not report["ok"]:
+    failure: PdctlError | None = down
+    if failure is None and not report["ok"]:
         failure = CheckFailed(
             f"KV path certification: {report['summary']}",
             hint=f"`pdctl fleet check {doc.fleet} --fabric` tests every link of the fleet",

@@ -2,7 +2,8 @@
 
 Hardware faults edit the host's fake-hardware state file (read live by the
 fake tools and the SGLang stand-in); the others change the host itself
-(the provider library file, the podman binary, sshd).
+(the provider library file, the podman binary, sshd). Power faults (power-off,
+power-on) stop and boot the whole host: manager.power.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ KINDS: dict[str, str | None] = {
     "cdi-missing": None,
     "worker-unhealthy": None,
     "link-slow": "RATE",
+    "power-off": None,
+    "power-on": None,
     "clear": None,
 }
+# The host's power (manager.power): not a change inside the host, so not kept as a fault.
+POWER = {"power-off", "power-on"}
 GPU_ONLY = {"nic-missing", "port-down", "provider-lib-missing", "gpu-missing"}
 NVIDIA_ONLY = {"driver-missing", "cdi-missing"}
 NIC_NAMES = {"bnxt_re": "bnxt_re{}", "mlx5": "mlx5_{}"}

@@ -378,6 +378,35 @@ def exec_in(
 
 def stop(state: LabState, host: LabHost, paths: HostPaths) -> None:
     """Kill the host and remove everything made for it; safe on a half-built host."""
+    _kill_host(host)
+    if os.path.ismount(paths.root) and not quiet(["umount", str(paths.root)]):
+        quiet(["umount", "-l", str(paths.root)])
+    network.unplug(state, host)
+    remove_cgroup(state.cgroup(host))
+    shutil.rmtree(paths.base, ignore_errors=True)
+
+
+def power_off(state: LabState, host: LabHost, paths: HostPaths) -> None:
+    """Cut the host off at once, as a pulled plug or a dead PSU would: its link goes dark
+    first (no packet in or out, so its peers see silence, never a reset or a FIN), then every
+    process of the host dies with its PID 1. Its disk stays (the overlay's upper layer and the
+    container storage): power_on() boots the same host again. Idempotent."""
+    veth = state.veth(host)
+    if network.link_exists(veth):
+        run(["ip", "link", "set", veth, "down"])
+    _kill_host(host)
+    network.unplug(state, host)
+    remove_cgroup(state.cgroup(host))
+
+
+def power_on(state: LabState, host: LabHost, paths: HostPaths, shared: Shared) -> None:
+    """Boot a powered-off host from the disk it had: systemd starts the units it has enabled
+    (a deploy's worker slots among them), exactly as after a real power cut."""
+    prepare(state, host, paths, shared)  # remounts the root only if it is not mounted
+    boot(state, host, paths, shared)
+
+
+def _kill_host(host: LabHost) -> None:
     pid1 = init_pid(host)
     if pid1 is not None:
         with contextlib.suppress(ProcessLookupError):
@@ -389,11 +418,6 @@ def stop(state: LabState, host: LabHost, paths: HostPaths) -> None:
                 os.kill(host.nspawn_pid, signal.SIGKILL)
             _wait_gone(host.nspawn_pid, 5)
     host.nspawn_pid = None
-    if os.path.ismount(paths.root) and not quiet(["umount", str(paths.root)]):
-        quiet(["umount", "-l", str(paths.root)])
-    network.unplug(state, host)
-    remove_cgroup(state.cgroup(host))
-    shutil.rmtree(paths.base, ignore_errors=True)
 
 
 def _wait_gone(pid: int, seconds: float) -> None:

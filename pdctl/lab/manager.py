@@ -137,19 +137,9 @@ def up(
     require_root("pdctl lab up")
     require_programs()
     lab = Lab(workspace)
-    public_key = lab.ensure_key()
-    base = rootfs.ensure_rootfs(progress)
-    wheels = wheelhouse.ensure_wheelhouse(progress)
-    shared = Shared(
-        rootfs=base,
-        fakes=FAKES_SOURCE,
-        runtime=RUNTIME_SOURCE,
-        images=image.ensure_images(base, wheels),
-        wheelhouse=wheels,
-        public_key=public_key,
-    )
+    shared = _shared(lab, progress)
     with registry.locked():
-        current = _claim(lab, str(base))
+        current = _claim(lab, str(shared.rootfs))
         desired = _desired(hosts, cpu_hosts, current.subnet, gpus, link_layer)
         network.ensure_bridge(current)
         inotify.ensure(_hosts_running(except_lab=lab.dir) + hosts)
@@ -173,6 +163,21 @@ def up(
     return status(workspace)
 
 
+def _shared(lab: Lab, progress: Progress) -> Shared:
+    """What every host mounts read-only (built once per machine, then found in the cache)."""
+    public_key = lab.ensure_key()
+    base = rootfs.ensure_rootfs(progress)
+    wheels = wheelhouse.ensure_wheelhouse(progress)
+    return Shared(
+        rootfs=base,
+        fakes=FAKES_SOURCE,
+        runtime=RUNTIME_SOURCE,
+        images=image.ensure_images(base, wheels),
+        wheelhouse=wheels,
+        public_key=public_key,
+    )
+
+
 def _labs() -> Iterator[tuple[int, Path | None, LabState | None]]:
     """Every lab id claimed on this machine: its owner's lab directory and recorded state."""
     for lab_id in registry.claimed_ids():
@@ -193,7 +198,7 @@ def _hosts_running(except_lab: Path) -> int:
 def _claim(lab: Lab, base: str) -> LabState:
     """This workspace's lab state, with a lab id held; stale labs swept first."""
     for lab_id, owner, other in _labs():
-        if other is None or not any(lab_host.has_process(h) for h in other.hosts):
+        if other is None or not _in_use(other):
             _sweep(owner or Path("/nonexistent"), other, lab_id)
             registry.release(lab_id)
     mine = lab.load()
@@ -205,6 +210,15 @@ def _claim(lab: Lab, base: str) -> LabState:
     mine.rootfs = base
     lab.save(mine)
     return mine
+
+
+def _in_use(lab: LabState) -> bool:
+    """A host of it runs, or one is powered off while the lab's bridge is still there (a
+    lab whose every host is off still belongs to its workspace; after a reboot of this
+    machine the bridge is gone and the lab is stale)."""
+    if any(lab_host.has_process(h) for h in lab.hosts):
+        return True
+    return any(h.power == "off" for h in lab.hosts) and network.link_exists(lab.bridge)
 
 
 def _sweep(lab_dir: Path, lab: LabState | None, lab_id: int) -> None:
@@ -237,9 +251,8 @@ def _converge_hosts(
 ) -> list[LabHost]:
     wanted = {(h.name, h.kind, h.gpu, h.link_layer) for h in desired}
     for host in list(current.hosts):
-        if (host.name, host.kind, host.gpu, host.link_layer) not in wanted or not (
-            lab_host.is_running(host)
-        ):
+        kept = host.power == "off" or lab_host.is_running(host)  # an "off" host stays off
+        if (host.name, host.kind, host.gpu, host.link_layer) not in wanted or not kept:
             progress(f"removing {host.name}")
             lab_host.stop(current, host, lab.paths(host))
             current.hosts.remove(host)
@@ -266,7 +279,7 @@ def _load_worker_images(lab: LabState, progress: Progress) -> None:
                     host, ["podman", "load", "--quiet", "--input", archive], timeout=300
                 )
 
-    gpu_hosts = [h for h in lab.hosts if h.kind == "gpu"]
+    gpu_hosts = [h for h in lab.hosts if h.kind == "gpu" and h.power == "on"]
     if gpu_hosts:
         progress(f"loading the worker images into {len(gpu_hosts)} host(s)")
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -291,7 +304,8 @@ def status(workspace: Workspace) -> dict[str, Any]:
             "nic_driver": h.model.nic_driver if h.model else None,
             "link_layer": h.link_layer if h.model else None,
             "kind": h.kind,
-            "state": "running" if lab_host.is_running(h) else "stopped",
+            "state": _state(h),
+            "power": h.power,
             "faults": [f.label() for f in h.faults],
             "emulated": emulated[h.name],
         }
@@ -309,6 +323,13 @@ def status(workspace: Workspace) -> dict[str, Any]:
         # What the hosts' runtimes granted in place of what units asked (crun_clamp.py).
         "emulated": sorted({line for lines in emulated.values() for line in lines}),
     }
+
+
+def _state(host: LabHost) -> str:
+    """running; off (powered off by `lab fault HOST power-off`); stopped (it died)."""
+    if host.power == "off":
+        return "off"
+    return "running" if lab_host.is_running(host) else "stopped"
 
 
 def fleet_add_line(lab: Lab, hosts: list[LabHost], current: LabState) -> str:
@@ -332,20 +353,60 @@ def fleet_add_line(lab: Lab, hosts: list[LabHost], current: LabState) -> str:
     )
 
 
-def running_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:
+def known_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:
     lab = Lab(workspace)
     current = lab.load()
     host = current.host(name) if current else None
     if current is None or host is None:
         known = ", ".join(h.name for h in current.hosts) if current else "none (no lab here)"
         raise NotFound(f"no lab host named {name!r}", hint=f"lab hosts: {known}")
+    return lab, current, host
+
+
+def running_host(workspace: Workspace, name: str) -> tuple[Lab, LabState, LabHost]:
+    lab, current, host = known_host(workspace, name)
+    if host.power == "off":
+        raise PdctlError(f"lab host {name} is powered off", hint=f"pdctl lab fault {name} power-on")
     if not lab_host.is_running(host):
         raise PdctlError(f"lab host {name} is not running", hint="run `pdctl lab up` again")
     return lab, current, host
 
 
-def fault(workspace: Workspace, name: str, kind: str, arg: str | None) -> dict[str, Any]:
+def power(workspace: Workspace, name: str, on: bool, progress: Progress) -> dict[str, Any]:
+    """Power a host off at once (no packet in or out, every process gone, its disk kept) or
+    boot it again; idempotent. For any host: a GPU host's replicas or a router host."""
     require_root("pdctl lab fault")
+    lab, current, host = known_host(workspace, name)
+    if on and host.power == "on" and not lab_host.is_running(host):
+        raise PdctlError(f"lab host {name} is not running", hint="run `pdctl lab up` again")
+    if on and host.power == "off":
+        shared = _shared(lab, progress)
+        with registry.locked():
+            progress(f"booting {name}")
+            lab_host.power_on(current, host, lab.paths(host), shared)
+            host.power = "on"
+            lab.save(current)
+            hub_service.limit_link(current, host, current.link_rate)
+        lab_host.wait_ssh(host, lab.paths(host), time.monotonic() + BOOT_TIMEOUT)
+    elif not on and host.power == "on":
+        with registry.locked():
+            lab_host.power_off(current, host, lab.paths(host))
+            host.power = "off"
+            lab.save(current)
+    return {"host": name, "power": host.power, "faults": [f.label() for f in host.faults]}
+
+
+def fault(
+    workspace: Workspace,
+    name: str,
+    kind: str,
+    arg: str | None,
+    progress: Progress = lambda _line: None,
+) -> dict[str, Any]:
+    require_root("pdctl lab fault")
+    if kind in faults.POWER:
+        faults.validate(known_host(workspace, name)[2], kind, arg)
+        return power(workspace, name, kind == "power-on", progress)
     lab, current, host = running_host(workspace, name)
     chosen = faults.validate(host, kind, arg)
     faults.apply(host, lab.paths(host), chosen)
@@ -358,7 +419,7 @@ def fault(workspace: Workspace, name: str, kind: str, arg: str | None) -> dict[s
     if chosen.kind in ("link-slow", "clear"):
         faults.cap_link(current, host)
     lab.save(current)
-    return {"host": host.name, "faults": [f.label() for f in host.faults]}
+    return {"host": host.name, "power": host.power, "faults": [f.label() for f in host.faults]}
 
 
 def down(workspace: Workspace, progress: Progress) -> dict[str, Any]:

@@ -99,6 +99,9 @@ class LabHost(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     gpu: str = DEFAULT_GPU  # a LAB_GPUS key; GPU hosts only
     link_layer: LinkLayer = "eth"
+    # `lab fault HOST power-off` / `power-on`: an "off" host has no process and no link, and
+    # keeps its disk; `lab up` leaves it off.
+    power: Literal["on", "off"] = "on"
 
     @property
     def gpus(self) -> int:

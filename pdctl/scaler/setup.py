@@ -70,10 +70,13 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
         tcp_connector(),
     )
     # The scaler's key is restricted to pdctl-unitctl on the worker hosts (no sudo prefix:
-    # the forced command does that itself); health checks go straight to the workers.
+    # the forced command does that itself); health checks go straight to the workers, and a
+    # worker whose host is gone fails its check within the probe timeout (no longer).
+    probe = tcp_connector(timeout=plan.failover.probe_timeout)
     actuator = Actuator(
-        plan, pool, targets, router, sudo=False, log=log, connector=lambda _t: tcp_connector()
+        plan, pool, targets, router, sudo=False, log=log, connector=lambda _t: probe
     )
+    interval = config.get("interval")
     try:
         yield (
             Scaler(
@@ -81,7 +84,7 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
                 actuator,
                 router,
                 Store.directory(Path(config["state_dir"])),
-                interval=float(config.get("interval", 2.0)),
+                interval=float(interval) if interval not in (None, "") else None,
                 log=log,
             ),
             config,
@@ -112,7 +115,7 @@ def remote_store(pool: ssh.Pool, target: ssh.Target, directory: str) -> Store:
 
 @contextmanager
 def from_workspace(
-    workspace: Workspace, name: str, log: Log, interval: float = 2.0
+    workspace: Workspace, name: str, log: Log, interval: float | None = None
 ) -> Iterator[Scaler]:
     plan = services.load_plan(workspace, name)
     with services.open_handle(workspace, plan, log=log) as handle:

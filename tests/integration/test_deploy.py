@@ -53,7 +53,9 @@ class Service:
         return json.loads(self.pdctl("--json", *args).stdout)
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.json("status", SERVICE)
+        proc = self.pdctl("--json", "status", SERVICE, check=False)
+        assert proc.returncode in (0, 8), proc.stderr  # 8: the service is down (it says why)
+        doc: dict[str, Any] = json.loads(proc.stdout)
         return doc
 
     def router_node(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, pdctl, require_lab, start_lab, wait_for
+from tests.support import Lab, pdctl, require_lab, service_status, start_lab, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -44,8 +44,7 @@ class Deployed:
         return json.loads(pdctl(self.lab.home, "--json", *args, env=self.env).stdout)
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.json("status", SERVICE)
-        return doc
+        return service_status(self.lab.home, SERVICE, self.env)
 
     def downloads(self) -> dict[str, int]:
         hub = self.lab.status()["hub"]

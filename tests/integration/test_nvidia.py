@@ -31,7 +31,7 @@ from typing import Any
 import jinja2
 import pytest
 
-from tests.support import Lab, chat, pdctl, pdctl_json, require_lab
+from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, service_status
 
 ROOT = Path(__file__).resolve().parents[2]
 DSTACK_FILE = ROOT / "tests" / "data" / "dstack" / "lab" / "sglang-pd.dstack.yml"
@@ -53,8 +53,7 @@ class Deployment:
         return json.loads(self.pdctl("--json", *args).stdout)
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.json("status", SERVICE)
-        return doc
+        return service_status(self.lab.home, SERVICE, self.env)
 
     def root(self, node: str, command: str) -> str:
         return str(self.lab.ssh(node, command, user="root").stdout)

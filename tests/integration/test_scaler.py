@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, lab_fleet, pdctl, wait_for
+from tests.support import Lab, lab_fleet, pdctl, service_status, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
@@ -35,10 +35,7 @@ class Deployed:
     key: str = ""
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(
-            pdctl(self.lab.home, "--json", "status", SERVICE, env=self.env).stdout
-        )
-        return doc
+        return service_status(self.lab.home, SERVICE, self.env)
 
     def root(self, node: str, command: str, check: bool = True) -> str:
         return self.lab.ssh(node, command, user="root", check=check).stdout

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import LAB_SCALING, Lab, pdctl, require_lab, start_lab, wait_for
+from tests.support import LAB_SCALING, Lab, pdctl, require_lab, service_status, start_lab, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "pdlat"
@@ -51,10 +51,7 @@ class Deployed:
         self.key = router_env.stdout.strip().split("=", 1)[1]
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(
-            pdctl(self.lab.home, "--json", "status", SERVICE, env=self.env).stdout
-        )
-        return doc
+        return service_status(self.lab.home, SERVICE, self.env)
 
 
 class Load(threading.Thread):

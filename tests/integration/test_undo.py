@@ -29,6 +29,7 @@ from tests.support import (
     pdctl,
     pdctl_json,
     private_tmp,
+    service_status,
 )
 
 pytestmark = pytest.mark.lab
@@ -93,11 +94,14 @@ def test_a_worker_that_cannot_start_fails_the_deploy_with_its_own_log(
 
 
 def test_status_shows_the_failed_deploy_and_its_replicas(lab: Lab) -> None:
-    doc = pdctl_json(lab.home, "status", SERVICE, env=ENV)
+    doc = service_status(lab.home, SERVICE, ENV)
     assert doc["state"] == "failed"
+    assert doc["health"] == "down"  # no prefill starts: the router is not ready
     failed = [r for r in doc["groups"]["prefill"]["replicas"] if r["state"] == "failed"]
     assert failed and CRASH_LINE in (failed[0]["last_log"] or ""), doc
-    text = pdctl(lab.home, "status", SERVICE, env=ENV).stdout
+    proc = pdctl(lab.home, "status", SERVICE, env=ENV, check=False)
+    assert proc.returncode == 8 and f"service {SERVICE} is down" in proc.stderr
+    text = proc.stdout
     assert "state: failed" in text and f"pdctl destroy {SERVICE}" in text and CRASH_LINE in text
 
 
@@ -141,13 +145,13 @@ def test_a_killed_first_deploy_is_undone_and_the_next_serves(lab: Lab) -> None:
     while _ansible_runs(lab.home):  # a run left behind finishes (or dies) on its own
         assert time.monotonic() < deadline
         time.sleep(2)
-    doc = pdctl_json(lab.home, "status", SERVICE, env=ENV)
+    doc = service_status(lab.home, SERVICE, ENV)
     assert doc["state"] == "failed", doc
     pdctl(lab.home, "destroy", SERVICE, "-y", env=ENV)
     assert _leftovers(lab) == {}
     done = pdctl_json(lab.home, "deploy", str(SPEC), "--fleet", "lab", "-y", env=ENV)
     assert done["converged"] is True
-    key = pdctl_json(lab.home, "status", SERVICE, env=ENV)
+    key = service_status(lab.home, SERVICE, ENV)
     assert key["state"] == "applied"
     router = next(
         h for h in lab.status()["hosts"] if h["address"] == key["groups"]["router"]["host"]

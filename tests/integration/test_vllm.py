@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, chat, lab_fleet, pdctl
+from tests.support import Lab, chat, lab_fleet, pdctl, service_status
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd-vllm.yml"
@@ -46,8 +46,7 @@ class Service:
         return json.loads(self.pdctl("--json", *args).stdout)
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.json("status", SERVICE)
-        return doc
+        return service_status(self.lab.home, SERVICE, self.env)
 
     def key(self) -> str:
         return str(self.json("endpoint", SERVICE, "--show-key")["api_key"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import actions, baseline, model_fanout, scale_warm
+from bench import actions, baseline, host_loss, model_fanout, scale_warm
 from bench.lablib import line, percentile, spec_filling
 from pdctl import spec
 from pdctl.fleet_model import Fleet, FleetSettings
@@ -46,11 +46,24 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
         in (proc.stderr)
     )
     assert "fabric: a 16-host mesh is 15 rounds; the script's commands" in proc.stderr
+    assert "host-loss: the spec is valid and plans a spare of each group on another host" in (
+        proc.stderr
+    )
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout
     for trace in ("alternating", "alternating-ramp"):
         assert (ROOT / "bench" / "out" / f"phases_{trace}.png").stat().st_size > 10_000
+
+
+def test_host_loss_recovery_is_the_first_request_after_the_last_failure() -> None:
+    quiet = host_loss.QUIET
+    ok_from = [(t * 0.25, t * 0.25 >= 7.0) for t in range(0, int((7 + quiet) / 0.25) + 2)]
+    assert host_loss.recovered_after(ok_from, lost_at=0.0) == pytest.approx(7.0)
+    assert host_loss.recovered_after(ok_from[:-8], lost_at=0.0) is None  # not quiet long enough
+    never_failed = [(t * 0.5, True) for t in range(60)]
+    assert host_loss.recovered_after(never_failed, lost_at=1.0) == 0.0
+    assert host_loss.recovered_after([(0.5, False)], lost_at=1.0) is None  # nothing sent since
 
 
 def test_result_line_is_baseline_over_pdctl() -> None:

@@ -47,6 +47,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "changed_hosts": [],
         "rolled": [],
         "converged": False,
+        "skipped_hosts": [],
         "drift": [],
         "endpoint": "http://10.0.0.1:8000",
         "api_key_file": "cpu1:/etc/pdctl/svc/router.env",
@@ -61,6 +62,7 @@ def test_deploy_result_keys_and_defaults() -> None:
         "changed_hosts",
         "rolled",
         "converged",
+        "skipped_hosts",
         "drift",
         "endpoint",
         "api_key_file",
@@ -137,8 +139,17 @@ def test_status_result_keys() -> None:
         "scaler",
         "groups",
         "model",
+        "health",
+        "unreachable",
     ]
-    assert doc["scaler"] == {"running": True, "rps": 3.25, "recorded_at": 1700000000.5}
+    assert doc["scaler"] == {
+        "running": True,
+        "rps": 3.25,
+        "recorded_at": 1700000000.5,
+        "hosts": {},
+        "fenced": [],
+    }
+    assert (doc["health"], doc["unreachable"]) == ("serving", {})
     assert list(doc["groups"]) == ["router", "prefill", "decode"]
     assert doc["groups"]["router"] == {
         "host": "cpu1",
@@ -156,6 +167,8 @@ def test_status_result_keys() -> None:
             "running",
             "last_decision",
             "replicas",
+            "spares",
+            "host_loss",
         ]
     assert doc["groups"]["prefill"]["replicas"][1] == {
         "host": "gpu1",

@@ -148,11 +148,30 @@ def test_make_plan_goes_around_the_workspaces_other_services(
     assert again == a  # its own stored plan is not in its way
 
 
-def test_deploy_refuses_a_plan_on_a_host_it_could_not_read(
+def test_deploy_refuses_a_plan_on_hosts_it_could_not_read_naming_every_one(
     workspace: Workspace, tmp_path: Path
 ) -> None:
-    with pytest.raises(HostError, match="cpu1: cannot read which GPUs and ports"):
+    with pytest.raises(HostError) as refused:
         deploy.make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)
+    message = refused.value.message
+    assert message.startswith("3 host(s) of the plan cannot be reached: cpu1: ")
+    assert "; gpu1: " in message and "; gpu2: " in message
+    assert "--skip-unreachable" in (refused.value.hint or "")
+    assert refused.value.details["unreachable"] == ["cpu1", "gpu1", "gpu2"]
+
+
+def test_skip_unreachable_plans_and_says_which_hosts_it_leaves(
+    workspace: Workspace, tmp_path: Path
+) -> None:
+    unreachable: dict[str, str] = {}
+    _, _, plan = deploy.make_plan(
+        workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV, unreachable=unreachable
+    )
+    assert sorted(unreachable) == ["cpu1", "gpu1", "gpu2"]
+    assert "no host key is pinned" in unreachable["gpu1"]
+    left = deploy.without_hosts(plan, {"gpu1"})
+    assert {s.host for s in left.slots()} == {s.host for s in plan.slots()} - {"gpu1"}
+    assert left.router == plan.router
 
 
 def test_hosts_that_placement_never_uses_are_not_read(workspace: Workspace) -> None:
