@@ -16,8 +16,9 @@ from pathlib import Path
 import yaml
 
 from bench.lablib import FLEET, PDCTL, BenchLab, stopwatch
-from pdctl import content, deploy, inventory
-from pdctl.workspace import Workspace
+from pdctl.doors import content, inventory
+from pdctl.doors.workspace import Workspace
+from pdctl.operations import deploy
 
 DEFAULTS_CFG = """\
 # Ansible's defaults for what pdctl tunes; everything else as pdctl's ansible.cfg.

@@ -18,7 +18,7 @@
 # authorized_keys) it takes the requested words from SSH_ORIGINAL_COMMAND, checks them, and
 # runs itself through sudo, which allows exactly this script for this service.
 #
-# A Jinja2 template: the pd_worker role renders it with the plan's layout (pdctl/layout.py),
+# A Jinja2 template: the pd_worker role renders it with the plan's layout (pdctl/core/layout.py),
 # unitctl (where it is installed), config_root (the services' config directories) and
 # secrets_env (the name of a service's secrets file in its config directory).
 set -eu

@@ -1,6 +1,6 @@
 # pdctl unit probe: run on a host as `python3 -c "$(cat unit-probe.py)" URL UNIT TIMEOUT`.
 # A grpc://HOST:PORT/package.Service/Method URL (a gRPC worker: vLLM, SGLang's --grpc-mode) is
-# asked that health method by pdctl/grpc_health.py's grpc_healthy, whose text the roles put
+# asked that health method by pdctl/onhost/grpc_health.py's grpc_healthy, whose text the roles put
 # ahead of this one (one implementation of the call, shared with pdctl and the scaler): 200 when
 # healthy, 503 when it answers otherwise. Without a method (a plan from before the URL named
 # one) it asks vLLM's HealthCheck, grpc_healthy's default.

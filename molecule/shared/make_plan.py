@@ -10,9 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import deploy, drift, inventory, plan, spec
+from pdctl.core import plan, spec
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
 from pdctl.lab import manager
-from pdctl.workspace import Workspace
+from pdctl.operations import deploy, drift
 
 
 def main() -> None:

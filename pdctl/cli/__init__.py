@@ -17,9 +17,9 @@ import click
 from pdctl import __version__
 from pdctl.cli import fleet, lab, scaler, service
 from pdctl.cli.app import App
-from pdctl.errors import Interrupted, PdctlError
-from pdctl.output import Output
-from pdctl.workspace import Workspace
+from pdctl.cli.output import Output
+from pdctl.core.errors import Interrupted, PdctlError
+from pdctl.doors.workspace import Workspace
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

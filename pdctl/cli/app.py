@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from pdctl.errors import PdctlError
-from pdctl.output import Output
-from pdctl.workspace import Workspace
+from pdctl.cli.output import Output
+from pdctl.core.errors import PdctlError
+from pdctl.doors.workspace import Workspace
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from pdctl.cli.app import App, pass_app
-from pdctl.layout import Layout
+from pdctl.core.layout import Layout
 from pdctl.scaler import control
 from pdctl.scaler.loop import serve_metrics, service_lock, stop_on_signals
 from pdctl.scaler.setup import default_config, from_workspace, on_host

@@ -8,16 +8,16 @@ from typing import Any
 
 import click
 
-from pdctl import deploy as deploys
-from pdctl import fabric_run, image_prefetch
-from pdctl import prefetch as prefetches
-from pdctl import service as services
 from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
-from pdctl.errors import CheckFailed, InputError, PdctlError
-from pdctl.failover import plan_host_loss
-from pdctl.plan import WORKER_ROLES, Plan
-from pdctl.results import DeployResult, EndpointResult, StatusResult
+from pdctl.core.errors import CheckFailed, InputError, PdctlError
+from pdctl.core.failover import plan_host_loss
+from pdctl.core.plan import WORKER_ROLES, Plan
+from pdctl.core.results import DeployResult, EndpointResult, StatusResult
+from pdctl.doors import service as services
+from pdctl.operations import deploy as deploys
+from pdctl.operations import fabric_run, image_prefetch
+from pdctl.operations import prefetch as prefetches
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 FLEET = click.option(

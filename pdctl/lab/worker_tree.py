@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pdctl import prefetch
+from pdctl.operations import prefetch
 
 PACKAGE = "pdlab_worker"
 WORKER_SOURCE = Path(__file__).parent / "worker"

@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pdctl import layout
-from pdctl import service as services
-from pdctl.errors import EnvironmentProblem, InputError
+from pdctl.core import layout
+from pdctl.core.errors import EnvironmentProblem, InputError
+from pdctl.doors import service as services
+from pdctl.doors.workspace import Workspace
 from pdctl.scaler.loop import Store
 from pdctl.scaler.setup import handle_store
-from pdctl.workspace import Workspace
 
 # A scaler that has not recorded its state for this long is taken to be gone.
 HEARTBEAT_GRACE = 15.0

@@ -7,7 +7,7 @@ host that runs it). SIGTERM finishes the actions in hand, then exits.
 
 No host and no replica holds up the loop. Each tick reads every host's unit states and the
 router at once, then checks every running engine's health at once, each phase by its own
-deadline: what did not answer in time is a finding (pdctl/scaler/watch.py), not a wait.
+deadline: what did not answer in time is a finding (pdctl/core/scaling/watch.py), not a wait.
 Every action (start, register, deregister, drain and stop, kill, fence) runs in the
 background with its own timeout, at most one per slot; the tick after it ends takes its
 result. So a hung drain, a host that stopped answering or a frozen worker delays nothing
@@ -39,12 +39,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from pdctl.errors import EnvironmentProblem, HostError, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan, Slot
-from pdctl.router import Router, Worker, open_circuits, requests_total
-from pdctl.scaler.calls import Answer, Calls, gather
-from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
-from pdctl.scaler.observe import (
+from pdctl.core.errors import EnvironmentProblem, HostError, PdctlError
+from pdctl.core.plan import WORKER_ROLES, Plan, Slot
+from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
+from pdctl.core.scaling.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
     RUNNING_GAUGES,
@@ -53,8 +51,10 @@ from pdctl.scaler.observe import (
     gauge,
     histogram,
 )
-from pdctl.scaler.watch import Watch
-from pdctl.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.core.scaling.watch import Watch
+from pdctl.doors.router import Router, Worker, open_circuits, requests_total
+from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.scaler.calls import Answer, Calls, gather
 
 Log = Callable[[str], None]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import inventory
-from pdctl import service as services
-from pdctl.fleet_model import Fleet
-from pdctl.plan import build
-from pdctl.workspace import Workspace
+from pdctl.core.fleet_model import Fleet
+from pdctl.core.plan import build
+from pdctl.doors import inventory
+from pdctl.doors import service as services
+from pdctl.doors.workspace import Workspace
 from tests.support import pdctl
 from tests.unit.test_plan import host, lab_spec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdctl import inventory
-from pdctl.workspace import Workspace
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
 from tests.support import pdctl
 from tests.unit.test_fleet_hostkeys import deployed
 

@@ -19,9 +19,9 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import is_trusted_as_template
 
-from pdctl import inventory
-from pdctl.fleet_model import Fleet, FleetHost, FleetSettings, Preflight
-from pdctl.workspace import Workspace
+from pdctl.core.fleet_model import Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
 from tests.support import pdctl, private_tmp
 
 BASE = """\

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import inventory
-from pdctl.fleet_model import FabricRecord, Fleet, FleetHost, FleetSettings, Preflight
-from pdctl.workspace import Workspace
+from pdctl.core.fleet_model import FabricRecord, Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
 from tests.hostfacts import nvidia_facts
 from tests.support import contacted, pdctl
 

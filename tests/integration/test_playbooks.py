@@ -24,10 +24,11 @@ from typing import Any
 import jinja2
 import pytest
 
-from pdctl import inventory, plan, spec
-from pdctl.ansible_data import unsafe_yaml
-from pdctl.deploy import write_plan_file
-from pdctl.workspace import Workspace
+from pdctl.core import plan, spec
+from pdctl.core.ansible_data import unsafe_yaml
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
+from pdctl.operations.deploy import write_plan_file
 from tests.support import (
     Lab,
     pdctl,

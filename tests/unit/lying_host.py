@@ -1,5 +1,6 @@
 """A compromised host of a prefetch: it reads what pdctl sends a host (the loader's input, then
-JSON lines, as pdctl/model_fetch.py's main() does) and answers as an attacker who owns the host
+JSON lines, as pdctl/onhost/model_fetch.py's main() does) and answers as an attacker who owns the
+host
 would: it claims what it likes and serves what it likes to the other hosts, which run the real
 script (tests/unit/test_fanout_lies.py).
 

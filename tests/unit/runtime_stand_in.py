@@ -2,7 +2,7 @@
 machine has no container runtime (the lab tests run the real podman).
 
 It keeps images in a directory (``STAND_IN_STORE``: ``names.json`` name -> ID, ``images/ID``
-the config, ``layers/DIFF`` each layer) and speaks the commands pdctl/image_fetch.py runs as
+the config, ``layers/DIFF`` each layer) and speaks the commands pdctl/onhost/image_fetch.py runs as
 the real ones do (docs/facts.md, "Container images: save and load"): ``image exists``,
 ``image inspect`` (a JSON array: Id, RootFS.Layers, Size), ``save`` (a docker-archive on
 stdout: manifest.json, the config as ID.json, each layer as DIFF.tar), ``load`` (from stdin or

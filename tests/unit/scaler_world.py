@@ -30,12 +30,12 @@ from typing import Any
 
 import paramiko
 
-from pdctl import ssh
-from pdctl.plan import Plan, Slot, build
-from pdctl.router import Router, tcp_connector
+from pdctl.core.plan import Plan, Slot, build
+from pdctl.core.spec import parse
+from pdctl.doors import ssh
+from pdctl.doors.router import Router, tcp_connector
+from pdctl.doors.slots import Actuator
 from pdctl.scaler.loop import Scaler, Store
-from pdctl.slots import Actuator
-from pdctl.spec import parse
 from tests.unit.test_plan import ENV, REPO, fleet, host
 
 # The lab example with fast failover settings (pdctl.scaler of the spec).

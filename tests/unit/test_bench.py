@@ -16,9 +16,9 @@ import yaml
 
 from bench import actions, baseline, host_loss, model_fanout, scale_warm
 from bench.lablib import line, percentile, spec_filling
-from pdctl import spec
-from pdctl.fleet_model import Fleet, FleetSettings
-from pdctl.plan import build
+from pdctl.core import spec
+from pdctl.core.fleet_model import Fleet, FleetSettings
+from pdctl.core.plan import build
 from tests.unit.test_plan import host
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from typing import Literal
 import pytest
 import yaml
 
-from pdctl.commands import CommandError, shell_words, worker_script
+from pdctl.core.commands import CommandError, shell_words, worker_script
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = "python -m sglang.launch_server"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.scaler.decide import Decision, History, Observation, Policy, decide, recommend
+from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide, recommend
 
 NOW = 10_000.0
 

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import drift, drift_probe, inventory
-from pdctl import service as services
-from pdctl.deploy import make_plan, write_plan_file
-from pdctl.drift import Observed
-from pdctl.errors import CheckFailed
-from pdctl.plan import Plan, build
-from pdctl.slots import SlotState
-from pdctl.workspace import Workspace
+from pdctl.core.errors import CheckFailed
+from pdctl.core.plan import Plan, build
+from pdctl.doors import inventory
+from pdctl.doors import service as services
+from pdctl.doors.slots import SlotState
+from pdctl.doors.workspace import Workspace
+from pdctl.onhost import drift_probe
+from pdctl.operations import drift
+from pdctl.operations.deploy import make_plan, write_plan_file
+from pdctl.operations.drift import Observed
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 KEY = bytes(32)

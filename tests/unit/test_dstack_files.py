@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pdctl.errors import CheckFailed
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import Plan, build, listeners
-from pdctl.spec import Gpu, Resources, load
+from pdctl.core.errors import CheckFailed
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import Plan, build, listeners
+from pdctl.core.spec import Gpu, Resources, load
 from tests.hostfacts import amd_facts, nvidia_facts
 from tests.support import assert_apart
 

@@ -1,14 +1,14 @@
-"""pdctl/fabric_judge.py: each pair's verdict, which host or path is blamed, the records the
+"""pdctl/core/fabric_judge.py: each pair's verdict, which host or path is blamed, the records the
 inventory keeps and the warnings `pdctl plan` gives from them."""
 
 from __future__ import annotations
 
 import itertools
 
-from pdctl.fabric_judge import Measurement, judge, plan_problems, records
-from pdctl.fabric_nics import FabricNic
-from pdctl.fabric_schedule import Link
-from pdctl.fleet_model import FabricRecord, FleetHost
+from pdctl.core.fabric_judge import Measurement, judge, plan_problems, records
+from pdctl.core.fabric_nics import FabricNic
+from pdctl.core.fabric_schedule import Link
+from pdctl.core.fleet_model import FabricRecord, FleetHost
 
 HOSTS = ["a", "b", "c", "d", "e"]
 

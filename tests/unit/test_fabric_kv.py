@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdctl import fabric_schedule
-from pdctl.fabric_run import kv_links
-from pdctl.fleet_model import Fleet, FleetHost, FleetSettings, Preflight
-from pdctl.plan import Plan, build
-from pdctl.spec import parse
+from pdctl.core import fabric_schedule
+from pdctl.core.fleet_model import Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.core.plan import Plan, build
+from pdctl.core.spec import parse
+from pdctl.operations.fabric_run import kv_links
 from tests.hostfacts import nvidia_facts
 
 REPO = Path(__file__).resolve().parents[2]

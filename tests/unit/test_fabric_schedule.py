@@ -1,4 +1,4 @@
-"""pdctl/fabric_schedule.py: the round-robin tournament, rails, waves, samples."""
+"""pdctl/core/fabric_schedule.py: the round-robin tournament, rails, waves, samples."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from pdctl import fabric_schedule
-from pdctl.fabric_nics import FabricNic
-from pdctl.fabric_schedule import Link, circle_rounds, mesh, pack, rail_numbers, waves
+from pdctl.core import fabric_schedule
+from pdctl.core.fabric_nics import FabricNic
+from pdctl.core.fabric_schedule import Link, circle_rounds, mesh, pack, rail_numbers, waves
 
 
 def hosts(n: int) -> list[str]:

@@ -1,5 +1,5 @@
-"""N+1 in the plan (pdctl/failover.py), the spec's failover settings, and the scaler's
-verdicts on hosts and replicas that stop answering (pdctl/scaler/watch.py, a frozen clock)."""
+"""N+1 in the plan (pdctl/core/failover.py), the spec's failover settings, and the scaler's
+verdicts on hosts and replicas that stop answering (pdctl/core/scaling/watch.py, a frozen clock)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.errors import CheckFailed
-from pdctl.failover import FailoverPlan, host_loss, plan_host_loss
-from pdctl.plan import build
-from pdctl.scaler.watch import Watch
-from pdctl.spec import SpecError, parse
+from pdctl.core.errors import CheckFailed
+from pdctl.core.failover import FailoverPlan, host_loss, plan_host_loss
+from pdctl.core.plan import build
+from pdctl.core.scaling.watch import Watch
+from pdctl.core.spec import SpecError, parse
 from tests.unit.test_plan import ENV, REPO, fleet, host
 
 THREE_GPU_HOSTS = (host("cpu1", "cpu"), host("gpu1"), host("gpu2"), host("gpu3"))

@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from pdctl import hf_layout, image_prefetch, model_fetch, peer_auth, prefetch
-from pdctl.errors import HostError
+from pdctl.core.errors import HostError
 from pdctl.lab import hub_models
+from pdctl.onhost import hf_layout, model_fetch, peer_auth
+from pdctl.operations import image_prefetch, prefetch
 from tests.unit import runtime_stand_in as stand_in
 from tests.unit.test_image_fanout import ID, IMAGE, LAYER, StandInHost, give, names
 from tests.unit.test_image_fanout import fan_out as image_fan_out

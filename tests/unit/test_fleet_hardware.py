@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdctl import fleet as fleets
-from pdctl import inventory
-from pdctl.errors import InputError
-from pdctl.fleet_model import Fleet, FleetSettings
-from pdctl.workspace import Workspace
+from pdctl.core.errors import InputError
+from pdctl.core.fleet_model import Fleet, FleetSettings
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
+from pdctl.operations import fleet as fleets
 from tests.support import pdctl
 
 

@@ -11,14 +11,14 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from pdctl import fleet as fleets
-from pdctl import inventory, ssh
-from pdctl import service as services
-from pdctl.errors import CheckFailed, HostError, InputError
-from pdctl.fleet_model import Fleet, FleetHost, FleetSettings
-from pdctl.plan import Plan, build
+from pdctl.core.errors import CheckFailed, HostError, InputError
+from pdctl.core.fleet_model import Fleet, FleetHost, FleetSettings
+from pdctl.core.plan import Plan, build
+from pdctl.doors import inventory, ssh
+from pdctl.doors import service as services
+from pdctl.doors.workspace import Workspace
+from pdctl.operations import fleet as fleets
 from pdctl.scaler import setup
-from pdctl.workspace import Workspace
 from tests.support import contacted, listener
 from tests.unit.test_plan import fleet, host, lab_spec
 

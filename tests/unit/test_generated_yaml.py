@@ -7,10 +7,10 @@ from pathlib import Path
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from pdctl import inventory
-from pdctl.deploy import write_plan_file
-from pdctl.plan import build
-from pdctl.workspace import Workspace
+from pdctl.core.plan import build
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
+from pdctl.operations.deploy import write_plan_file
 from tests.unit.test_plan import fleet, host, lab_spec
 
 REPO = Path(__file__).resolve().parents[2]

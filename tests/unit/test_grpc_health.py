@@ -1,4 +1,4 @@
-"""The h2c gRPC health call (pdctl/grpc_health.py) against a real grpcio server on loopback:
+"""The h2c gRPC health call (pdctl/onhost/grpc_health.py) against a real grpcio server on loopback:
 healthy, unhealthy, a failed call, the standard health service, a peer that is no gRPC server;
 and the host probe (templates/unit-probe.py with the module's text ahead of it, as the roles
 run it) reporting the same."""
@@ -19,7 +19,12 @@ from typing import Any
 import grpc
 import pytest
 
-from pdctl.grpc_health import GRPC_HEALTH_CHECK, GRPC_STANDARD_HEALTH, grpc_call, grpc_healthy
+from pdctl.onhost.grpc_health import (
+    GRPC_HEALTH_CHECK,
+    GRPC_STANDARD_HEALTH,
+    grpc_call,
+    grpc_healthy,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +135,7 @@ def test_a_peer_that_is_no_grpc_server_is_not_healthy(http_server: int) -> None:
 
 def _probe(url: str) -> dict[str, Any]:
     """The host probe as the roles run it: python3 -c "<module><probe>" URL UNIT TIMEOUT."""
-    source = (REPO / "pdctl/grpc_health.py").read_text() + "\n"
+    source = (REPO / "pdctl/onhost/grpc_health.py").read_text() + "\n"
     source += (REPO / "templates/unit-probe.py").read_text()
     unit = "pdctl-test-no-such.service"
     proc = subprocess.run(
@@ -186,7 +191,7 @@ def test_the_pd_worker_role_joins_the_call_and_the_probe(server: int, tmp_path: 
     playbook.write_text(
         PLAYBOOK.format(
             vars=REPO / "roles/pd_worker/vars/main.yml",
-            module=REPO / "pdctl/grpc_health.py",
+            module=REPO / "pdctl/onhost/grpc_health.py",
             probe=REPO / "templates/unit-probe.py",
             url=f"grpc://127.0.0.1:{server}",
             out=tmp_path / "out.json",

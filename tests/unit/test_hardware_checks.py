@@ -1,4 +1,4 @@
-"""pdctl/hardware.py's evaluate(): each check's verdict and message per fault, memlock's
+"""pdctl/onhost/hardware.py's evaluate(): each check's verdict and message per fault, memlock's
 among them.
 """
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pdctl import hardware as hw
-from pdctl.hardware import (
+from pdctl.onhost import hardware as hw
+from pdctl.onhost.hardware import (
     CHECK_NAMES,
     CPU_SKIP_MESSAGE,
     Check,

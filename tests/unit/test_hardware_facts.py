@@ -1,4 +1,4 @@
-"""pdctl/hardware.py's facts() on collect-shaped documents, and collect() for real: on this
+"""pdctl/onhost/hardware.py's facts() on collect-shaped documents, and collect() for real: on this
 machine, over the lab's fake tools, its peer probes, and as the script a host runs.
 """
 
@@ -17,14 +17,8 @@ from typing import Any
 
 import pytest
 
-from pdctl import hardware as hw
-from pdctl.hardware import (
-    CHECK_NAMES,
-    Expectations,
-    collect,
-    evaluate,
-    facts,
-)
+from pdctl.onhost import hardware as hw
+from pdctl.onhost.hardware import CHECK_NAMES, Expectations, collect, evaluate, facts
 from tests.unit.hardware_data import (
     AMD_LIST_RECORD,
     AMD_LIST_TEXT,

@@ -1,4 +1,4 @@
-"""NVIDIA hosts and vendor-neutral fabric facts in pdctl/hardware.py: the parsers on
+"""NVIDIA hosts and vendor-neutral fabric facts in pdctl/onhost/hardware.py: the parsers on
 real-format samples (tests/data/hardware/), facts() and evaluate() on NVIDIA observations."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.hardware import (
+from pdctl.onhost.hardware import (
     Expectations,
     ParseError,
     dstack_gpu_name,

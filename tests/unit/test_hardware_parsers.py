@@ -1,4 +1,4 @@
-"""pdctl/hardware.py's parsers on real tool output: ibv_devices, ibv_devinfo, libibverbs'
+"""pdctl/onhost/hardware.py's parsers on real tool output: ibv_devices, ibv_devinfo, libibverbs'
 provider warnings, amd-smi and rocm-smi (samples in tests/data/hardware/).
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.hardware import (
+from pdctl.onhost.hardware import (
     Gid,
     ParseError,
     parse_amd_smi_list,

@@ -1,4 +1,4 @@
-"""A hub's refusal as one line (pdctl/hub_errors.py), for the answers the Hugging Face Hub
+"""A hub's refusal as one line (pdctl/core/hub_errors.py), for the answers the Hugging Face Hub
 gives (docs/facts.md, "Hugging Face Hub API") and for what a host may send back instead."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.hub_errors import BAD_TOKEN, describe, refusal
+from pdctl.core.hub_errors import BAD_TOKEN, describe, refusal
 
 HUB = "https://huggingface.co"
 

@@ -1,5 +1,5 @@
 """What a peer's image archive would do to a taker's runtime, read before any load
-(pdctl/image_archive.py): the archives a real save writes pass; every way an archive can name
+(pdctl/onhost/image_archive.py): the archives a real save writes pass; every way an archive can name
 another image, hold a second one, or have one loader read other bytes than the check read is
 refused, with what it would have done."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.image_archive import docker_name, inspect_archive, podman_name, ref_names
+from pdctl.onhost.image_archive import docker_name, inspect_archive, podman_name, ref_names
 
 REF = "lmsysorg/sglang:v0.5.5"
 LAYER = b"layer bytes"

@@ -1,6 +1,7 @@
 """The worker images' fan-out: its tree, the requests a host accepts, the peer that serves
-only the images its prefetch named to the fleet holding the secret (pdctl/image_fetch.py,
-pdctl/image_prefetch.py), and the whole fan-out through the real host script. This machine has
+only the images its prefetch named to the fleet holding the secret (pdctl/onhost/image_fetch.py,
+pdctl/operations/image_prefetch.py), and the whole fan-out through the real host script. This
+machine has
 no container runtime: the end-to-end tests give each "host" a stand-in for podman's command
 line; the lab test (tests/integration/test_model_cache.py) runs the real podman."""
 
@@ -19,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from pdctl import image_fetch, image_prefetch, peer_auth, prefetch
-from pdctl.errors import HostError
+from pdctl.core.errors import HostError
+from pdctl.onhost import image_fetch, peer_auth
+from pdctl.operations import image_prefetch, prefetch
 from tests.unit import runtime_stand_in as stand_in
 from tests.unit.test_model_cache_plan import LAB, plan_of
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.core.versions import GRPC_STANDIN_PACKAGES
 from pdctl.lab import image, rootfs, worker_tree
-from pdctl.versions import GRPC_STANDIN_PACKAGES
 
 
 def test_mirror_from_deb822_sources(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pdctl import hardware
+from pdctl.onhost import hardware
 
 SCRIPT = Path(__file__).resolve().parents[2] / "pdctl" / "lab" / "fakes" / "pdfake.py"
 H200 = {

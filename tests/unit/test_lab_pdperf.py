@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from pdctl import fabric_nics, hardware, perftest
+from pdctl.core import fabric_nics, perftest
 from pdctl.lab.fakes import pdfake
 from pdctl.lab.state import FakeHardware
+from pdctl.onhost import hardware
 
 FAKES = Path(__file__).resolve().parents[2] / "pdctl" / "lab" / "fakes"
 PDPERF, PDFAKE = FAKES / "pdperf.py", FAKES / "pdfake.py"

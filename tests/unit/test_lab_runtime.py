@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from pdctl import hardware
 from pdctl.lab import inotify, manager, registry, state
 from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.runtime.crun_clamp import INFINITY, clamp, clamp_document
 from pdctl.lab.state import LabHost, LabState
+from pdctl.onhost import hardware
 
 # What podman 4.3 writes for `--ulimit memlock=-1:-1` as root (it adds nofile and nproc).
 PODMAN_RLIMITS = [

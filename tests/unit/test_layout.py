@@ -1,4 +1,4 @@
-"""One layout: the roles see the paths and names pdctl/layout.py gives for a plan (rendered by
+"""One layout: the roles see the paths and names pdctl/core/layout.py gives for a plan (rendered by
 Ansible itself), moving the roots in the plan moves both views, and no other module or role
 spells them."""
 
@@ -15,10 +15,12 @@ import jinja2
 import pytest
 import yaml
 
-from pdctl import drift, hardware, layout, spec
-from pdctl.deploy import write_plan_file
-from pdctl.layout import Layout, Roots
-from pdctl.plan import WORKER_ROLES, Plan, build, plan_from_extravars
+from pdctl.core import layout, spec
+from pdctl.core.layout import Layout, Roots
+from pdctl.core.plan import WORKER_ROLES, Plan, build, plan_from_extravars
+from pdctl.onhost import hardware
+from pdctl.operations import drift
+from pdctl.operations.deploy import write_plan_file
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 ROLES = ("pd_worker", "pd_router", "pd_scaler")
@@ -317,5 +319,5 @@ def test_the_layout_is_spelled_in_one_place() -> None:
         if p.is_file() and "__pycache__" not in p.parts
     ]
     for place in PLACES:
-        assert _spelling(python, place) == ["pdctl/layout.py"], place
+        assert _spelling(python, place) == ["pdctl/core/layout.py"], place
         assert _spelling(ansible, place) == [], place  # the roles read pd_layout

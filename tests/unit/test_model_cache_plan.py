@@ -1,4 +1,4 @@
-"""The plan's model cache (pdctl/model_cache.py): which hub model, which cache, how the
+"""The plan's model cache (pdctl/core/model_cache.py): which hub model, which cache, how the
 workers see it; hostile model ids and revisions refused with the field named."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import prefetch
-from pdctl.errors import InputError
-from pdctl.fleet_model import Fleet, FleetSettings
-from pdctl.plan import build
-from pdctl.spec import SpecError, load
+from pdctl.core.errors import InputError
+from pdctl.core.fleet_model import Fleet, FleetSettings
+from pdctl.core.plan import build
+from pdctl.core.spec import SpecError, load
+from pdctl.operations import prefetch
 from tests.unit.test_plan import ENV, REPO, host
 
 LAB = (REPO / "examples/lab/pd.yml").read_text()

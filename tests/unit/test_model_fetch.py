@@ -1,5 +1,6 @@
 """The model cache's fetcher and its fan-out, run for real on loopback: each "host" is a
-python3 process started with the loader pdctl sends over SSH (pdctl/prefetch.py), with its own
+python3 process started with the loader pdctl sends over SSH (pdctl/operations/prefetch.py), with
+its own
 cache directory; the hub is the lab's (pdctl/lab/hub.py), counting downloads per file.
 The real huggingface_hub then reads the cache offline."""
 
@@ -22,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from pdctl import hf_layout, model_fetch, peer_auth, prefetch
-from pdctl.errors import HostError, InputError
+from pdctl.core.errors import HostError, InputError
 from pdctl.lab import hub as lab_hub
 from pdctl.lab import hub_models
+from pdctl.onhost import hf_layout, model_fetch, peer_auth
+from pdctl.operations import prefetch
 
 REPO = "lab/unit-model"
 TOKEN = "hf_unit_token"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pdctl.scaler.observe import (
+from pdctl.core.scaling.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
     RUNNING_GAUGES,

@@ -1,5 +1,5 @@
-"""pdctl/perftest.py on perftest's real output (tests/data/perftest/, sources in its README),
-its command lines (what reaches a host's argv), and pdctl/fabric_nics.py's line rate and
+"""pdctl/core/perftest.py on perftest's real output (tests/data/perftest/, sources in its README),
+its command lines (what reaches a host's argv), and pdctl/core/fabric_nics.py's line rate and
 rails from real `ibv_devinfo -v` output."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import fabric_nics, hardware, perftest
-from pdctl.perftest import Endpoint, PerftestError, Run
+from pdctl.core import fabric_nics, perftest
+from pdctl.core.perftest import Endpoint, PerftestError, Run
+from pdctl.onhost import hardware
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MIB_TO_GBPS = 8 * 2**20 / 1e9

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import drift
-from pdctl.commands import worker_script
-from pdctl.errors import CheckFailed, InputError
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import (
+from pdctl.core.commands import worker_script
+from pdctl.core.errors import CheckFailed, InputError
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import (
     CONTAINER_PROVIDER_LIB,
     SCALER_METRICS_PORT,
     Held,
@@ -22,7 +21,8 @@ from pdctl.plan import (
     plan_from_extravars,
     router_args,
 )
-from pdctl.spec import load, parse
+from pdctl.core.spec import load, parse
+from pdctl.operations import drift
 from tests.support import assert_apart, lab_service
 
 REPO = Path(__file__).resolve().parents[2]

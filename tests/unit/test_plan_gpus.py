@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pdctl.errors import CheckFailed, InputError
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import Plan, build, plan_from_extravars
-from pdctl.spec import load, parse
+from pdctl.core.errors import CheckFailed, InputError
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import Plan, build, plan_from_extravars
+from pdctl.core.spec import load, parse
 from tests.hostfacts import H100_MIB, amd_facts, nvidia_facts
 
 REPO = Path(__file__).resolve().parents[2]

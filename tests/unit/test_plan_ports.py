@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import sharing
-from pdctl.deploy import plan_table
-from pdctl.errors import InputError
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import Held, Plan, build, held_by
-from pdctl.spec import parse
+from pdctl.core.errors import InputError
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import Held, Plan, build, held_by
+from pdctl.core.spec import parse
+from pdctl.operations import sharing
+from pdctl.operations.deploy import plan_table
 from tests.support import assert_apart, lab_service
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pdctl.output import Output
-from pdctl.results import (
+from pdctl.cli.output import Output
+from pdctl.core.results import (
     DeployResult,
     DestroyResult,
     EndpointResult,
@@ -20,7 +20,7 @@ from pdctl.results import (
     StatusGroups,
     StatusResult,
 )
-from pdctl.scaler.decide import Decision
+from pdctl.core.scaling.decide import Decision
 
 
 def dumped(result: Any) -> Any:

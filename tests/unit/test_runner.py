@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.errors import InputError
-from pdctl.runner import STRATEGY_VARIABLE, strategy_env
+from pdctl.core.errors import InputError
+from pdctl.doors.runner import STRATEGY_VARIABLE, strategy_env
 
 
 def test_auto_runs_the_long_playbooks_under_mitogen_and_the_preflight_linear(

@@ -1,7 +1,7 @@
 """No secret on disk or in a process list, even when pdctl is killed mid-run.
 
 Real programs throughout: pdctl's runner, ansible-runner, ansible-playbook against localhost
-(connection local, no lab), and pdctl/exec_with_secrets.py under a real pty.
+(connection local, no lab), and pdctl/doors/exec_with_secrets.py under a real pty.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from pdctl.errors import EnvironmentProblem
-from pdctl.exec_with_secrets import parse_secrets
-from pdctl.runner import STRATEGY_VARIABLE, RunSummary, child_env, run_playbook
+from pdctl.core.errors import EnvironmentProblem
+from pdctl.doors.exec_with_secrets import parse_secrets
+from pdctl.doors.runner import STRATEGY_VARIABLE, RunSummary, child_env, run_playbook
 from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = ROOT / "tests" / "data" / "playbooks"
-WRAPPER = ROOT / "pdctl" / "exec_with_secrets.py"
+WRAPPER = ROOT / "pdctl" / "doors" / "exec_with_secrets.py"
 SECRET_NAME = "PDCTL_TEST_SECRET"
 # Started as pdctl would be, in its own process, so that it can be killed mid-run.
 CHILD = f"""
 import json, os, sys
 from pathlib import Path
-from pdctl.runner import run_playbook
+from pdctl.doors.runner import run_playbook
 run_playbook(
     "secret_probe.yml", Path(sys.argv[1]), extravars=json.loads(sys.argv[2]),
     secrets={{"{SECRET_NAME}": os.environ["{SECRET_NAME}"]}}, playbooks=Path(sys.argv[3]),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pdctl.plan import Slot
-from pdctl.router import Worker
+from pdctl.core.plan import Slot
+from pdctl.doors.router import Worker
 from pdctl.scaler.loop import scale_in_order
 
 

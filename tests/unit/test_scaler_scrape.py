@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from pdctl.plan import Plan, Slot, build
-from pdctl.router import Worker
+from pdctl.core.plan import Plan, Slot, build
+from pdctl.core.spec import parse
+from pdctl.doors.router import Worker
+from pdctl.doors.slots import Actuator, SlotState
 from pdctl.scaler.loop import Scaler, Store, policies
-from pdctl.slots import Actuator, SlotState
-from pdctl.spec import parse
 from tests.support import LAB_SCALING
 from tests.unit.test_observe import sglang_text
 from tests.unit.test_plan import ENV, REPO, fleet, host

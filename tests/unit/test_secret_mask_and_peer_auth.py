@@ -1,5 +1,6 @@
 """The two small pieces the fan-out's messages and requests stand on: the masker every host
-message passes (pdctl/secret_mask.py) and the signed peer requests (pdctl/peer_auth.py)."""
+message passes (pdctl/onhost/secret_mask.py) and the signed peer requests
+(pdctl/onhost/peer_auth.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 
 import pytest
 
-from pdctl import peer_auth
-from pdctl.secret_mask import MASK, Masker
+from pdctl.onhost import peer_auth
+from pdctl.onhost.secret_mask import MASK, Masker
 
 TOKEN = "hf_0123456789abcdef"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.commands import CommandError, find_launch, worker_script
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.commands import CommandError, find_launch, worker_script
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import Plan, build, plan_from_extravars
+from pdctl.core.spec import SpecError, parse
 from pdctl.lab.worker.sglang.launch_server import parse_args
-from pdctl.plan import Plan, build, plan_from_extravars
-from pdctl.spec import SpecError, parse
 from tests.support import assert_apart
 
 ENV = {"HF_TOKEN": "hf_value"}
@@ -180,7 +180,7 @@ def test_a_stored_plan_without_connections_reads_back_as_it_ran() -> None:
     ("argv", "grpc_mode"),
     [
         (["--grpc-mode"], True),
-        (["--grpc"], True),  # as SGLang's argparse (and pdctl/launch.py) read it
+        (["--grpc"], True),  # as SGLang's argparse (and pdctl/core/launch.py) read it
         (["--grpc-m"], True),
         (["--gr"], False),  # too short to be the switch: an unknown flag, ignored
         ([], False),

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import deploy, inventory, sharing
-from pdctl import service as services
-from pdctl.errors import HostError, InputError
-from pdctl.holdings_probe import report
-from pdctl.plan import Held, held_by
-from pdctl.workspace import Workspace
+from pdctl.core.errors import HostError, InputError
+from pdctl.core.plan import Held, held_by
+from pdctl.doors import inventory
+from pdctl.doors import service as services
+from pdctl.doors.workspace import Workspace
+from pdctl.onhost.holdings_probe import report
+from pdctl.operations import deploy, sharing
 from tests.support import lab_service
 from tests.unit.test_plan import ENV, REPO, host, lab_fleet, place
 

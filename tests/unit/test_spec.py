@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.commands import worker_script
-from pdctl.errors import InputError
-from pdctl.spec import Gpu, Range, SpecError, added_flags, load, parse
+from pdctl.core.commands import worker_script
+from pdctl.core.errors import InputError
+from pdctl.core.spec import Gpu, Range, SpecError, added_flags, load, parse
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"HF_TOKEN": "hf_value"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from pdctl import ssh  # importing it installs the log filter under test
-from pdctl.errors import HostError, InputError
+from pdctl.core.errors import HostError, InputError
+from pdctl.doors import ssh  # importing it installs the log filter under test
 from tests.support import contacted, listener
 
 

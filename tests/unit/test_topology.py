@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdctl.hostgpus import HostGpus
-from pdctl.topology import GpuDevice, Nic, nearest_nics, nearness
+from pdctl.core.host_devices import HostGpus
+from pdctl.core.nic_affinity import GpuDevice, Nic, nearest_nics, nearness
 from tests.hostfacts import amd_facts, nvidia_facts
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import service as services
-from pdctl.errors import InputError, NotFound
-from pdctl.plan import Plan, build
-from pdctl.runner import RunSummary, TaskResult
-from pdctl.spec import Env, Spec
-from pdctl.unhealthy import UnhealthyUnits, from_run, from_unitctl
-from pdctl.workspace import Workspace
+from pdctl.core.errors import InputError, NotFound
+from pdctl.core.plan import Plan, build
+from pdctl.core.spec import Env, Spec
+from pdctl.core.unhealthy import UnhealthyUnits, from_run, from_unitctl
+from pdctl.doors import service as services
+from pdctl.doors.runner import RunSummary, TaskResult
+from pdctl.doors.workspace import Workspace
 from tests.unit.test_plan import fleet, host, lab_spec
 
 SECRET = "hf_supersecretvalue"

@@ -21,11 +21,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdctl import layout
-from pdctl.errors import PdctlError
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import Plan, build
-from pdctl.spec import parse
+from pdctl.core import layout
+from pdctl.core.errors import PdctlError
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import Plan, build
+from pdctl.core.spec import parse
 from tests.hostfacts import nvidia_facts
 
 ROOT = Path(__file__).resolve().parents[2]

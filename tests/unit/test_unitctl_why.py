@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from pdctl import layout
+from pdctl.core import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from pdctl import drift, inventory, yamlsrc
-from pdctl.errors import InputError
-from pdctl.yamlsrc import (
+from pdctl.core import yamlsrc
+from pdctl.core.errors import InputError
+from pdctl.core.yamlsrc import (
     MAX_BYTES,
     MAX_DEPTH,
     YamlError,
@@ -23,6 +23,8 @@ from pdctl.yamlsrc import (
     load_text,
     read_text_capped,
 )
+from pdctl.doors import inventory
+from pdctl.operations import drift
 
 # CPU seconds: a refusal must come long before any expansion gets expensive (an unbounded
 # expansion takes minutes). CPU time, not wall time: other tests share the machine's cores.

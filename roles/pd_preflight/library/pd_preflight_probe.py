@@ -2,7 +2,7 @@
 """Probe a host for PD inference: GPUs, the RDMA fabric, the runtime, disk and peers.
 
 Read-only: it runs the vendor tools and reads files, and never changes the host.
-The parsing and the verdicts live in pd_hardware (pdctl/hardware.py), shared
+The parsing and the verdicts live in pd_hardware (pdctl/onhost/hardware.py), shared
 with pdctl's own SSH fact gathering.
 """
 

@@ -1,1 +1,1 @@
-../../../pdctl/hardware.py
+../../../pdctl/onhost/hardware.py
