@@ -1,6 +1,6 @@
 """A host's GPUs, NICs and container devices, read from its stored facts. PURE.
 
-The facts are what a host reported (pdctl/onhost/hardware.py's facts(), kept in the inventory's
+The facts are what a host reported (pdctl/onhost/hardware/facts.py, kept in the inventory's
 host_vars): data from a machine pdctl does not trust. Whatever of them can reach a unit,
 an env file or an argv word (NIC names, the provider library's path, CDI device names) is
 checked here against a whitelist; a host whose facts break one is not placed on, and the

@@ -26,6 +26,7 @@ from typing import TypeVar
 import paramiko
 
 from pdctl.core.errors import HostError, InputError
+from pdctl.onhost import bundle
 
 
 class _RefusedChannelFilter(logging.Filter):
@@ -357,7 +358,11 @@ class CommandTimeout(HostError):
 
 
 def run(
-    client: paramiko.SSHClient, command: str, *, stdin: str | None = None, timeout: float = 60.0
+    client: paramiko.SSHClient,
+    command: str,
+    *,
+    stdin: str | bytes | None = None,
+    timeout: float = 60.0,
 ) -> Result:
     """Run a command; rc, stdout and stderr, never raising for a non-zero rc.
 
@@ -393,7 +398,7 @@ def run(
         channel.exec_command(command)
         acknowledged = True
         if stdin is not None:
-            channel.sendall(stdin.encode())
+            channel.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
         channel.shutdown_write()
         out = channel.makefile("rb").read().decode(errors="replace")
         err = channel.makefile_stderr("rb").read().decode(errors="replace")
@@ -570,17 +575,23 @@ class Pool:
             self._clients.clear()
 
 
-def run_python(
-    pool: Pool, target: Target, source: str, *, become: bool, timeout: float = 60.0
+def run_onhost(
+    pool: Pool,
+    target: Target,
+    entry: str,
+    stdin: str = "",
+    *,
+    become: bool,
+    timeout: float = 60.0,
 ) -> str:
-    """Run Python source on a host (``python3 -``, through sudo when ``become``); its stdout.
+    """Run pdctl's on-host module ``entry`` on a host (through sudo when ``become``); its stdout.
 
-    The source travels on stdin: nothing of it in any argv. HostError (the last line of its
-    stderr) when it exits non-zero.
+    The loader and the bundle (pdctl/onhost/bundle.py), then ``stdin``, travel on stdin: nothing
+    of them in any argv. HostError (the last line of its stderr) when it exits non-zero.
     """
-    command = "sudo -n python3 -" if become else "python3 -"
+    command = bundle.command(entry, become=become)
     with pool.session(target) as client:
-        result = run(client, command, stdin=source, timeout=timeout)
+        result = run(client, command, stdin=bundle.stdin(entry) + stdin.encode(), timeout=timeout)
     if result.rc != 0:
         raise HostError((result.stderr.strip().splitlines() or ["no output"])[-1])
     return result.stdout

@@ -1,7 +1,8 @@
-"""Runs ON a host (standard library only; pdctl sends this source on stdin): what a deploy
-left there, for pdctl's quick no-op check (pdctl/operations/drift.py) to compare with its record.
+"""Runs ON a host: what a deploy left there, for pdctl's quick no-op check
+(pdctl/operations/drift.py) to compare with its record.
 
-pdctl appends one line, ``main(<JSON text>)``, with:
+``python3 -m pdctl.onhost.drift_probe`` (a bundle, pdctl/onhost/bundle.py) reads one JSON
+document on stdin, after the bundle (so no key is in any argv), with:
   roots   paths whose owner, mode and content are read: a file, a symlink, or a directory
           (walked; __pycache__ skipped). A directory holding pyvenv.cfg is a venv: its
           pyvenv.cfg and each package's dist-info RECORD (which lists every installed file
@@ -22,6 +23,7 @@ import json
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,3 +115,7 @@ def main(text: str) -> None:
         proc = subprocess.run(params["states"], capture_output=True, text=True, check=False)
         doc["states"] = proc.stdout if proc.returncode == 0 else None
     print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main(sys.stdin.read())

@@ -1,8 +1,7 @@
 """The Hugging Face hub cache layout, and the rules for the names that become its paths. PURE.
 
-Standard library only and no network: pdctl's plan checks a spec's model id and revision with
-these rules, and pdctl/model_fetch.py (which runs on the hosts) ships with this file's source
-in front of its own (pdctl/prefetch.py), so that both read one copy. Python 3.9 syntax.
+No network: pdctl's plan checks a spec's model id and revision with these rules, and
+model_fetch.py (which runs on the hosts) imports them, so that both read one copy.
 
 The layout (docs/facts.md, "Hugging Face Hub API and cache"): ``<HF_HOME>/hub/models--ORG--NAME/``
 holds ``blobs/<sha256 (LFS) or git blob oid>``, ``snapshots/<commit>/<path>`` (relative

@@ -1,8 +1,8 @@
-"""Runs ON a host (standard library only; pdctl sends this source on stdin): the GPUs and
-ports that pdctl services hold there, for the placement of another one
-(pdctl/operations/sharing.py).
+"""Runs ON a host: the GPUs and ports that pdctl services hold there, for the placement of
+another one (pdctl/operations/sharing.py).
 
-pdctl appends one line, ``main(<JSON text>)``, with where things are (pdctl/core/layout.py):
+``python3 -m pdctl.onhost.holdings_probe`` (a bundle, pdctl/onhost/bundle.py) reads one JSON
+document on stdin with where things are (pdctl/core/layout.py):
   config_root   holds a directory per service
   unit_dir      holds the router units
   router_units  the router units' glob, one '*' standing for the service
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,7 @@ def report(root: Path, where: Mapping[str, str]) -> dict[str, Any]:
 
 def main(params: str) -> None:
     print(json.dumps(report(Path("/"), json.loads(params))))
+
+
+if __name__ == "__main__":
+    main(sys.stdin.read())

@@ -7,10 +7,7 @@ one image, named only as the reference the taker asked for (in each place a load
 from), whose config has the expected digest (the image ID of podman and docker's classic store;
 its ``rootfs.diff_ids`` name the layers, which both loaders verify as they load them).
 
-Runs on the hosts, shipped in the prefetch script between pdctl/onhost/model_fetch.py and
-pdctl/onhost/image_fetch.py (pdctl/operations/prefetch.py): standard library only, no pdctl
-imports, Python 3.9
-syntax, no top-level name another shipped module uses.
+Runs on the hosts, in the image fetcher's bundle (image_fetch.py imports it).
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 serve the ones it holds to peers. The image part of the prefetch
 (pdctl/operations/image_prefetch.py).
 
-Runs on the hosts like pdctl/onhost/model_fetch.py, shipped in the same script after it
-(pdctl/operations/prefetch.py), on the same transport: model_fetch's ``Peer`` (the fleet's
-addresses only,
-signed requests, for the prefetch's duration) and its JSON lines on stdin/stdout
-(``{"op": "images", ...}``). So: standard library only, no pdctl imports but the shipped
-modules', Python 3.9 syntax, and no top-level name another shipped module uses (one namespace
-on the host).
+Runs on the hosts as the prefetch's entry (``python3 -m pdctl.onhost.image_fetch``, shipped by
+pdctl/onhost/bundle.py; pdctl/operations/prefetch.py runs it), which serves model_fetch's
+sessions too, on the same transport: model_fetch's ``Peer`` (the fleet's addresses only, signed
+requests, for the prefetch's duration) and its JSON lines on stdin/stdout
+(``{"op": "images", ...}``).
 
 Images move as ``RUNTIME save REF``, then ``RUNTIME load`` (docs/facts.md, "Container images:
 save and load"): the holder streams the archive of exactly the image asked for over HTTP
@@ -37,9 +35,7 @@ from typing import Any
 
 from pdctl.onhost.image_archive import check_image_ref, inspect_archive, ref_names
 from pdctl.onhost.model_fetch import CHUNK, PROGRESS_EVERY, Peer, _reason, main, open_peer
-from pdctl.onhost.secret_mask import (
-    Masker,  # shipped: pdctl/operations/prefetch.py puts its source first
-)
+from pdctl.onhost.secret_mask import Masker
 
 RUNTIMES = ("podman", "docker")
 _IMAGE_ID = re.compile(r"^(?:sha256:)?([0-9a-f]{64})\Z")

@@ -1,11 +1,9 @@
 """A host's model cache: fetch a hub model into it, serve it to peers, check it.
 
-Runs on the hosts, which have python3's standard library only: pdctl/operations/prefetch.py pipes
-this
-file's source over SSH and talks to it in JSON lines on stdin/stdout (``main()``); pdctl
-imports it too for the layout, the name rules and the hub's file list. So: standard library
-only, no pdctl imports but the modules shipped in front of it (hf_layout, secret_mask,
-peer_auth), Python 3.9 syntax.
+Runs on the hosts, in the bundle of the prefetch's entry (image_fetch.py, whose main serves
+this module's sessions too): pdctl/operations/prefetch.py talks to it in JSON lines on
+stdin/stdout (``main()``). pdctl imports it too for the layout, the name rules and the hub's
+file list.
 
 What to fetch (the commit and every file with its checksum) comes from pdctl, which asked the
 hub itself; what a peer sends is checked against it, byte for byte. A peer never redirects a
@@ -53,8 +51,8 @@ from pdctl.onhost.hf_layout import (
     record_dir,
     repo_dir,
 )
-from pdctl.onhost.peer_auth import RequestVerifier, authority, sign_request  # shipped, in front
-from pdctl.onhost.secret_mask import Masker  # shipped, in front
+from pdctl.onhost.peer_auth import RequestVerifier, authority, sign_request
+from pdctl.onhost.secret_mask import Masker
 
 CHUNK = 1 << 20
 RETRIES = 3
@@ -856,7 +854,7 @@ def main(ops: dict[str, Op] | None = None) -> int:
     ``{"op": "fetch", ...}`` is a prefetch session: it prints ``hello`` (its peer port and what
     it holds), reads its order (source, file list), prints progress, ``done`` or ``error``,
     then serves peers until the next line (or EOF). ``ops`` adds other sessions by name
-    (pdctl/onhost/image_fetch.py's ``images``), shipped in the same script."""
+    (pdctl/onhost/image_fetch.py's ``images``), in the same run."""
     os.umask(0o022)
     stdin, stdout = sys.stdin, sys.stdout
     masker = Masker()

@@ -6,8 +6,7 @@ So an on-path observer of the fleet's network learns no key it could use, cannot
 request it saw (the nonce is spent, and the MAC names one server and one path), and cannot
 forge another. It still sees what the hosts send each other (docs: README, "Security model").
 
-Standard library only, no pdctl imports, Python 3.9 syntax: pdctl/prefetch.py ships this file
-to the hosts in front of pdctl/model_fetch.py.
+Runs on the hosts, in the model fetcher's bundle (model_fetch.py imports it).
 """
 
 from __future__ import annotations

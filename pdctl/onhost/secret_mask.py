@@ -1,10 +1,9 @@
 """Secret values out of messages: every text a host sends back, and every error pdctl builds
 from one, passes a Masker that knows the values. PURE.
 
-Standard library only, no pdctl imports, Python 3.9 syntax: pdctl/operations/prefetch.py ships this
-file
-to the hosts in front of pdctl/onhost/model_fetch.py (a host masks what it knows: the hub token, the
-prefetch key), and pdctl masks the same messages again with every secret of the plan.
+Runs on the hosts too, in the model fetcher's bundle (a host masks what it knows: the hub
+token, the prefetch key), and pdctl masks the same messages again with every secret of the
+plan.
 
 A value is masked in the forms a message may carry it: as is, as Python's repr or JSON would
 escape it (http.client quotes a bad header value with repr), and each run of it between

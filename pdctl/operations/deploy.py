@@ -41,12 +41,11 @@ from pdctl.core.versions import scaler_requirements
 from pdctl.doors import inventory, runner
 from pdctl.doors import service as services
 from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
-from pdctl.doors.workspace import Workspace, cache_dir
+from pdctl.doors.workspace import Workspace
 from pdctl.operations import drift, image_prefetch, prefetch, sharing
 from pdctl.operations import fleet as fleets
 from pdctl.scaler import control
 from pdctl.scaler.setup import handle_store
-from pdctl.scaler_source import archive as scaler_source_archive
 
 Progress = Callable[[str], None]
 _DECISION = TypeAdapter(Decision)
@@ -241,17 +240,11 @@ def _fields(before: dict[str, Any], after: dict[str, Any]) -> str:
     )
 
 
-def scaler_source() -> Path:
-    """pdctl's own package for the router host's scaler, as one archive (scaler_source.py)."""
-    return scaler_source_archive(cache_dir() / "scaler-src")
-
-
 def playbook_vars(plan: Plan) -> dict[str, Any]:
-    """The plan's extra-vars, plus what pdctl itself supplies (the scaler's code and packages)."""
+    """The plan's extra-vars, plus what pdctl itself supplies (the scaler's packages)."""
     return {
         **plan.extravars(),
         "pd_worker_rollout": "none",
-        "pd_scaler_pdctl_src": str(scaler_source()),
         "pd_scaler_packages": scaler_requirements(),
     }
 

@@ -39,13 +39,16 @@ from pdctl.doors import ssh
 from pdctl.doors.content import content_root
 from pdctl.doors.slots import SlotState, parse_states
 from pdctl.doors.workspace import Workspace, write_atomic
-from pdctl.onhost import drift_probe
+from pdctl.onhost import bundle
 
 RECORD = "converged.json"
 KEY = "converged.key"
 _CHECK_RECORDS = ("pd_facts", "pd_preflight")
-_CONTENT = ("ansible.cfg", "playbooks", "roles", "templates")
-_PROBE_SOURCE = Path(drift_probe.__file__).read_text()
+_CONTENT = ("ansible.cfg", "playbooks", "plugins", "roles", "templates")
+# pdctl's code the roles install on hosts (the pd_onhost lookup): a new pdctl with other code
+# there converges them.
+INSTALLED_CODE = ("pdctl.scaler", "pdctl.onhost.router_launch")
+PROBE = "pdctl.onhost.drift_probe"  # what each host runs (drift_probe.py says what it reads)
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ def _content_digest() -> str:
             if "__pycache__" in file.parts or not file.is_file():
                 continue
             digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    for entry in INSTALLED_CODE:
+        digest.update(entry.encode() + b"\0" + bundle.stdin(entry))
     return digest.hexdigest()
 
 
@@ -206,11 +211,11 @@ def observe(handle: services.Handle, key: bytes) -> dict[str, Observed]:
             "states": [UNITCTL, plan.service, "states"] if expect.slots else None,
             "key": key.hex(),
         }
-        # The parameters travel with the source on stdin: nothing of them in any argv.
-        source = f"{_PROBE_SOURCE}\nmain({json.dumps(params)!r})\n"
+        # The parameters travel on stdin after the bundle: nothing of them in any argv.
         become = handle.fleet.settings.become
+        target = handle.targets[host]
         try:
-            stdout = ssh.run_python(handle.pool, handle.targets[host], source, become=become)
+            stdout = ssh.run_onhost(handle.pool, target, PROBE, json.dumps(params), become=become)
         except (PdctlError, OSError) as exc:
             return Observed({}, {}, {}, {}, error=f"cannot read it: {exc}")
         doc = json.loads(stdout)

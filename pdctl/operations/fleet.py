@@ -2,14 +2,13 @@
 
 Service functions for ``pdctl fleet ...``. SSH itself lives in ssh.py, the
 inventory files in inventory.py, Ansible in runner.py, and what a good GPU
-host looks like in hardware.py.
+host looks like in pdctl/onhost/hardware/.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +32,15 @@ from pdctl.core.plan import Plan
 from pdctl.doors import inventory, runner, ssh
 from pdctl.doors import service as services
 from pdctl.doors.workspace import Workspace
-from pdctl.onhost import hardware
+from pdctl.onhost import bundle
+from pdctl.onhost.hardware import facts as host_facts
 from pdctl.operations import fabric_run
 
 Progress = Callable[[str], None]
 PROBE_TIMEOUT = 60.0
-_HARDWARE_SOURCE = Path(hardware.__file__).read_text()
+# The pd_preflight role's task that runs pdctl/onhost/hardware/preflight.py (its name there).
+PREFLIGHT_PROBE_TASK = "Probe GPUs, RDMA fabric, container runtime, disk and peers"
+COLLECT = "pdctl.onhost.hardware.collect"  # what a host runs to say what it has
 
 
 @dataclass
@@ -56,20 +58,23 @@ def _known_hosts(workspace: Workspace, name: str) -> ssh.KnownHosts:
     return ssh.KnownHosts(inventory.known_hosts_file(workspace, name))
 
 
-def _facts_command(fleet: Fleet, peers: list[tuple[str, int]]) -> str:
-    payload = json.dumps(
-        {
-            "provider_lib": fleet.settings.provider_lib,
-            "storage_paths": list(layout.STORAGE_PATHS),
-            "peers": peers,
-        }
-    )
-    command = f"PD_HARDWARE_INPUT={shlex.quote(payload)} python3 -"
-    # Run as root when the fleet uses sudo (container runtime info needs it), else as the user;
-    # the test comes first so that the source on stdin reaches exactly one python3.
+def _facts_command(fleet: Fleet) -> str:
+    """Collection on a host: as root when the fleet uses sudo (container runtime info needs it),
+    else as the user; the test comes first so that stdin reaches exactly one python3."""
+    command = bundle.command(COLLECT)
     if not fleet.settings.become:
-        return f"env {command}"
-    return f"if sudo -n true 2>/dev/null; then sudo -n env {command}; else env {command}; fi"
+        return command
+    return f"if sudo -n true 2>/dev/null; then sudo -n {command}; else {command}; fi"
+
+
+def _facts_input(fleet: Fleet, peers: list[tuple[str, int]]) -> bytes:
+    """What collection reads on stdin: the loader and its bundle, then the request."""
+    request = {
+        "provider_lib": fleet.settings.provider_lib,
+        "storage_paths": list(layout.STORAGE_PATHS),
+        "peers": peers,
+    }
+    return bundle.stdin(COLLECT) + json.dumps(request).encode()
 
 
 def _contact(
@@ -86,10 +91,10 @@ def _contact(
         contact.fingerprint = known.fingerprint(target)
         if gather:
             result = ssh.run(
-                client, _facts_command(fleet, []), stdin=_HARDWARE_SOURCE, timeout=PROBE_TIMEOUT
+                client, _facts_command(fleet), stdin=_facts_input(fleet, []), timeout=PROBE_TIMEOUT
             )
             try:
-                contact.facts = hardware.facts(json.loads(result.stdout))
+                contact.facts = dict(host_facts.facts(json.loads(result.stdout)))
             except (ValueError, TypeError):
                 contact.error = (
                     f"{target.label}: could not gather facts (python3 on the host? "
@@ -162,7 +167,7 @@ def _preflight(
     sudo_results = {
         r.host: r for r in summary.results if r.task == "Check that sudo works without a password"
     }
-    probes = {r.host: r for r in summary.results if r.action.endswith("pd_preflight_probe")}
+    probes = {r.host: r for r in summary.results if r.task == PREFLIGHT_PROBE_TASK}
     unreachable = summary.unreachable()
     found: dict[str, list[dict[str, Any]]] = {}
     for host in hosts:
@@ -172,14 +177,26 @@ def _preflight(
             continue
         checks = [_sudo_check(host, sudo_results.get(host.name))]
         probe = probes.get(host.name)
-        if probe is not None and probe.status == "ok":
-            checks += list(probe.res.get("checks") or [])
-            host.facts = probe.res.get("facts") or host.facts
+        report = _probe_report(probe)
+        if report is not None:
+            checks += list(report.get("checks") or [])
+            host.facts = report.get("facts") or host.facts
         else:
             message = probe.message if probe else "the probe did not run"
             checks.append({"name": "probe", "ok": False, "message": f"{host.name}: {message}"})
         found[host.name] = checks
     return found
+
+
+def _probe_report(probe: runner.TaskResult | None) -> dict[str, Any] | None:
+    """What the preflight's probe printed (pdctl/onhost/hardware/preflight.py), if it ran."""
+    if probe is None or probe.status != "ok":
+        return None
+    try:
+        report = json.loads(str(probe.res.get("stdout") or ""))
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "checks" in report else None
 
 
 _ANSIBLE_REFUSED = "Ansible's ssh refused its host key (changed, or not pinned)"

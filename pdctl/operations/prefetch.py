@@ -5,8 +5,8 @@ checksum); that list is what every host fetches and checks bytes against, whoeve
 Offline (a mirror directory on the hosts) or with the hub out of pdctl's reach, the list comes
 from the hosts, and every host that reports one must report the same, else nothing moves.
 
-Every host with a slot (spares too) runs pdctl/onhost/model_fetch.py over SSH, as root, its source
-and a one-time key on stdin (never in an argv or a log). Each says what its cache holds (a
+Every host with a slot (spares too) runs pdctl/onhost/model_fetch.py over SSH, as root, its
+bundle and a one-time key on stdin (never in an argv or a log). Each says what its cache holds (a
 claim, checked against the list); pdctl then chains them: the first (one whose cache holds
 that list whole, if any) takes what it lacks from the hub (the only host that gets the hub
 token), and each next host takes every file from the host before it, streaming a file while
@@ -21,14 +21,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import re
 import secrets
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -38,36 +35,15 @@ from pdctl.core.plan import Plan
 from pdctl.doors import inventory, model_list, ssh
 from pdctl.doors import service as services
 from pdctl.doors.workspace import Workspace
-from pdctl.onhost import hf_layout, image_archive, image_fetch, model_fetch, peer_auth, secret_mask
+from pdctl.onhost import bundle
 from pdctl.onhost.secret_mask import Masker
 
 Progress = Callable[[str], None]
-# One script: each module's source in this order, image_fetch's last (its last lines run it),
-# without their imports of each other, and without model_fetch's own entry point.
-_HUB_CLIENT = (hf_layout, secret_mask, peer_auth, model_fetch)
-_SHIPPED = (*_HUB_CLIENT, image_archive, image_fetch)
-_PDCTL_IMPORT = re.compile(
-    r"^from __future__ import annotations\n|^from pdctl\.[\w.]+ import (?:\([^)]*\)|[^\n]*)\n",
-    flags=re.MULTILINE,
-)
-
-
-def _joined(modules: tuple[Any, ...]) -> str:
-    return "from __future__ import annotations\n" + "".join(
-        _PDCTL_IMPORT.sub("", Path(module.__file__ or "").read_text()) for module in modules
-    )
-
-
-# The hub client alone (model_fetch and what it stands on, as one module): the lab's worker
-# image carries it (pdctl/lab/worker_tree.py) to download a model the way pdctl's fetcher does.
-SCRIPT = _joined(_HUB_CLIENT)
-_SOURCE = _joined(_SHIPPED).replace('if __name__ == "__main__":\n    sys.exit(main())\n', "")
-# The argv holds this fixed loader only: the script, then the requests, come on stdin.
-_LOADER = (
-    "import sys;n=int(sys.stdin.buffer.readline());"
-    "exec(compile(sys.stdin.buffer.read(n),'pdctl-model-fetch','exec'))"
-)
-COMMAND = f"sudo -n python3 -c {shlex.quote(_LOADER)}"
+# What each host runs: the image fetcher, whose main serves model_fetch's sessions too.
+FETCHER = "pdctl.onhost.image_fetch"
+# The bundle, then the requests, come on stdin (pdctl/onhost/bundle.py): the argv holds the
+# loader's fixed line only.
+COMMAND = bundle.command(FETCHER, become=True)
 REPORT_EVERY = 5.0  # seconds between two progress lines per host on the terminal
 # The longest a fetcher may stay silent (it says its progress twice a second while it fetches;
 # hashing a large blob it found in its cache is the longest silence).
@@ -75,9 +51,8 @@ READ_TIMEOUT = 600.0
 
 
 def script_input() -> bytes:
-    """What the loader reads first: the script's length, then the script."""
-    data = _SOURCE.encode()
-    return str(len(data)).encode() + b"\n" + data
+    """What a fetcher reads first: the loader and the bundle (its requests follow)."""
+    return bundle.stdin(FETCHER)
 
 
 @dataclass

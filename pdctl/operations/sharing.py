@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pdctl.core import layout, validate
@@ -36,9 +35,8 @@ from pdctl.core.spec import MIN_PORT_STRIDE
 from pdctl.doors import inventory, ssh
 from pdctl.doors import service as services
 from pdctl.doors.workspace import Workspace
-from pdctl.onhost import holdings_probe
 
-_PROBE_SOURCE = Path(holdings_probe.__file__).read_text()
+PROBE = "pdctl.onhost.holdings_probe"  # what each host runs
 # Where holdings_probe.py looks: the default roots (a host holds one config root).
 PROBE_WHERE = {
     "config_root": layout.CONFIG_ROOT,
@@ -82,8 +80,9 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
     def read(name: str) -> list[Held] | str:
         target = inventory.target(fleet, hosts[name])
         try:  # a host without a pinned key is refused before contact
-            text = ssh.run_python(
-                pool, target, _probe_source(), become=fleet.settings.become, timeout=30
+            where = json.dumps(PROBE_WHERE)
+            text = ssh.run_onhost(
+                pool, target, PROBE, where, become=fleet.settings.become, timeout=30
             )
         except (PdctlError, OSError) as exc:
             return str(exc)
@@ -100,11 +99,6 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
         else:
             found.held += result
     return found
-
-
-def _probe_source() -> str:
-    # The parameters travel with the source on stdin, as drift_probe's do.
-    return f"{_PROBE_SOURCE}\nmain({json.dumps(PROBE_WHERE)!r})\n"
 
 
 def parse_report(host: str, text: str) -> list[Held]:

@@ -23,23 +23,17 @@ returns, stopped and disabled there before they can serve.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from pdctl.core.errors import EnvironmentProblem, HostError, PdctlError
+from pdctl.core.errors import HostError, PdctlError
 from pdctl.core.plan import WORKER_ROLES, Plan, Slot
 from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
 from pdctl.core.scaling.observe import (
@@ -55,6 +49,7 @@ from pdctl.core.scaling.watch import Watch
 from pdctl.doors.router import Router, Worker, open_circuits, requests_total
 from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
 from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.metrics import Metrics
 
 Log = Callable[[str], None]
 
@@ -110,76 +105,6 @@ class WorkerSignals:
     queue_per_replica: float | None = None
     inflight_per_replica: float | None = None
     serving: int | None = None  # replicas routed to (a started one serves once registered)
-
-
-@dataclass
-class Metrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.desired = Gauge(
-            "pdctl_scaler_desired_replicas", "Replicas the policy wants", ["group"], registry=r
-        )
-        self.running = Gauge(
-            "pdctl_scaler_running_replicas", "Replicas whose unit is active", ["group"], registry=r
-        )
-        self.rps = Gauge(
-            "pdctl_scaler_rps", "Client requests per second through the router", registry=r
-        )
-        self.signal = Gauge(
-            "pdctl_scaler_signal_value",
-            "The deciding signal's observed value (rps, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.target = Gauge(
-            "pdctl_scaler_signal_target",
-            "The deciding signal's target (rps per replica, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.queue = Gauge(
-            "pdctl_scaler_queue_per_replica",
-            "Requests waiting per routed replica (the workers' own gauge)",
-            ["group"],
-            registry=r,
-        )
-        self.decisions = Counter(
-            "pdctl_scaler_decisions", "Decisions by action", ["group", "action"], registry=r
-        )
-        self.actions = Histogram(
-            "pdctl_scaler_action_seconds", "Time an action took", ["action"], registry=r
-        )
-        self.failures = Counter(
-            "pdctl_scaler_action_failures", "Actions that failed", ["action"], registry=r
-        )
-        self.lost = Gauge(
-            "pdctl_scaler_host_lost",
-            "1 while a worker host is lost (its replicas replaced elsewhere)",
-            ["host"],
-            registry=r,
-        )
-        self.replaced = Counter(
-            "pdctl_scaler_replaced",
-            "Replicas replaced for not answering",
-            ["group", "reason"],
-            registry=r,
-        )
-
-
-@contextlib.contextmanager
-def service_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise EnvironmentProblem(
-                f"another scaler holds {path}",
-                hint="one scaler per service: stop the other one first",
-            ) from exc
-        yield
 
 
 def scale_in_order(
@@ -990,23 +915,3 @@ def _show(signal: str | None, value: float | None) -> str:
     if signal in {"ttft", "itl"}:
         return f"{value * 1000:.0f}ms"
     return f"{value:.2f}"
-
-
-@contextlib.contextmanager
-def stop_on_signals(scaler: Scaler) -> Iterator[None]:
-    """SIGTERM/SIGINT: finish the action in hand, then leave the loop."""
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        scaler.log(f"signal {signum}: finishing the current action, then exiting")
-        scaler.stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def serve_metrics(metrics: Metrics, host: str, port: int) -> None:
-    start_http_server(port, addr=host, registry=metrics.registry)

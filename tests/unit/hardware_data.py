@@ -1,4 +1,4 @@
-"""What the pdctl/onhost/hardware.py tests share: the tools' sample outputs (tests/data/hardware/,
+"""What the pdctl/onhost/hardware tests share: the tools' sample outputs (tests/data/hardware/,
 read verbatim by ``sample``) and raw documents shaped as collect() writes them.
 
 The samples come from docs/facts.md and from public outputs (the issue each one was posted
@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pdctl.onhost.hardware import PERFTEST_TOOLS, Check, Expectations
+from pdctl.onhost.hardware.checks import Check, Expectations
+from pdctl.onhost.hardware.documents import PERFTEST_TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "hardware"
-MODULE = ROOT / "pdctl" / "onhost" / "hardware.py"
+LOADER = ROOT / "pdctl" / "onhost" / "loader.py"
 PDFAKE = ROOT / "pdctl" / "lab" / "fakes" / "pdfake.py"
 PROVIDER = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
 HOST = "node2"

@@ -1,8 +1,7 @@
-"""A compromised host of a prefetch: it reads what pdctl sends a host (the loader's input, then
-JSON lines, as pdctl/onhost/model_fetch.py's main() does) and answers as an attacker who owns the
-host
-would: it claims what it likes and serves what it likes to the other hosts, which run the real
-script (tests/unit/test_fanout_lies.py).
+"""A compromised host of a prefetch: it reads what pdctl sends a host (the loader and the bundle,
+then JSON lines, as pdctl/onhost/model_fetch.py's main() does) and answers as an attacker who
+owns the host would: it claims what it likes and serves what it likes to the other hosts, which
+run the real fetcher (tests/unit/test_fanout_lies.py).
 
 By environment:
   LIE_CLAIM     a file holding the file list it says its cache holds whole (a model prefetch)
@@ -53,7 +52,8 @@ def _json(variable: str) -> Any:
 
 def main() -> int:
     stdin = sys.stdin.buffer
-    stdin.read(int(stdin.readline()))  # pdctl's script: a compromised host runs its own
+    for _frame in range(2):  # pdctl's loader and bundle: a compromised host runs its own code
+        stdin.read(int(stdin.readline()))
     request = json.loads(stdin.readline())
     server = http.server.ThreadingHTTPServer((request["bind"], 0), Liar)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -18,7 +18,7 @@ from pdctl.doors import inventory
 from pdctl.doors import service as services
 from pdctl.doors.slots import SlotState
 from pdctl.doors.workspace import Workspace
-from pdctl.onhost import drift_probe
+from pdctl.onhost import bundle, drift_probe
 from pdctl.operations import drift
 from pdctl.operations.deploy import make_plan, write_plan_file
 from pdctl.operations.drift import Observed
@@ -156,12 +156,14 @@ def test_probe_reads_files_links_and_venvs_without_bulk(tmp_path: Path) -> None:
 
 
 def test_probe_runs_as_the_hosts_run_it(tmp_path: Path) -> None:
-    """The same source and the same appended call pdctl sends over SSH, under a new python3."""
+    """The same argv, bundle and parameters pdctl sends over SSH, under a new python3."""
     (tmp_path / "f").write_text("x")
     params = {"roots": [str(tmp_path)], "units": [], "images": [], "states": None, "key": KEY.hex()}
-    source = f"{drift._PROBE_SOURCE}\nmain({json.dumps(params)!r})\n"
     proc = subprocess.run(
-        [sys.executable, "-"], input=source, capture_output=True, text=True, check=True
+        bundle.argv(drift.PROBE, python=sys.executable),
+        input=bundle.stdin(drift.PROBE) + json.dumps(params).encode(),
+        capture_output=True,
+        check=True,
     )
     doc = json.loads(proc.stdout)
     assert set(doc["files"]) == {str(tmp_path), str(tmp_path / "f")}

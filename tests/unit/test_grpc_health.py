@@ -1,6 +1,6 @@
 """The h2c gRPC health call (pdctl/onhost/grpc_health.py) against a real grpcio server on loopback:
 healthy, unhealthy, a failed call, the standard health service, a peer that is no gRPC server;
-and the host probe (templates/unit-probe.py with the module's text ahead of it, as the roles
+and the host probe (pdctl/onhost/unit_probe.py, from its bundle, as the roles
 run it) reporting the same."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
+from pdctl.onhost import bundle
 from pdctl.onhost.grpc_health import (
     GRPC_HEALTH_CHECK,
     GRPC_STANDARD_HEALTH,
@@ -26,6 +27,7 @@ from pdctl.onhost.grpc_health import (
     grpc_healthy,
 )
 
+PROBE = "pdctl.onhost.unit_probe"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -134,14 +136,13 @@ def test_a_peer_that_is_no_grpc_server_is_not_healthy(http_server: int) -> None:
 
 
 def _probe(url: str) -> dict[str, Any]:
-    """The host probe as the roles run it: python3 -c "<module><probe>" URL UNIT TIMEOUT."""
-    source = (REPO / "pdctl/onhost/grpc_health.py").read_text() + "\n"
-    source += (REPO / "templates/unit-probe.py").read_text()
+    """The host probe as the roles run it: the loader's line, then URL UNIT TIMEOUT, and the
+    bundle of pdctl/onhost/unit_probe.py on stdin."""
     unit = "pdctl-test-no-such.service"
     proc = subprocess.run(
-        [sys.executable, "-c", source, url, unit, "5"],
+        bundle.argv(PROBE, [url, unit, "5"], python=sys.executable),
+        input=bundle.stdin(PROBE),
         capture_output=True,
-        text=True,
         check=True,
         timeout=60,
     )
@@ -168,13 +169,11 @@ PLAYBOOK = """
 - hosts: localhost
   gather_facts: false
   vars_files: [{vars}]
-  vars:
-    pd_worker_grpc_health_src: {module}
-    pd_worker_probe_src: {probe}
   tasks:
     - name: Probe as the pd_worker role does
       ansible.builtin.command:
-        argv: [python3, -c, "{{{{ _pd_worker_probe_script }}}}", "{url}", x.service, "5"]
+        argv: "{{{{ _pd_worker_unit_probe.argv + ['{url}', 'x.service', '5'] }}}}"
+        stdin: "{{{{ _pd_worker_unit_probe.stdin }}}}"
       register: probe
     - name: Keep what it printed
       ansible.builtin.copy:
@@ -184,15 +183,14 @@ PLAYBOOK = """
 """
 
 
-def test_the_pd_worker_role_joins_the_call_and_the_probe(server: int, tmp_path: Path) -> None:
-    """The role's own variable (roles/pd_worker/vars/main.yml), rendered by Ansible: the two
-    texts joined by a real line break, so python3 runs them as one script."""
+def test_the_pd_worker_role_runs_the_probe_from_its_bundle(server: int, tmp_path: Path) -> None:
+    """The role's own variable (roles/pd_worker/vars/main.yml) and the pd_onhost lookup, run by
+    Ansible with the project's ansible.cfg: the probe and its gRPC call reach python3 as one
+    bundle."""
     playbook = tmp_path / "probe.yml"
     playbook.write_text(
         PLAYBOOK.format(
             vars=REPO / "roles/pd_worker/vars/main.yml",
-            module=REPO / "pdctl/onhost/grpc_health.py",
-            probe=REPO / "templates/unit-probe.py",
             url=f"grpc://127.0.0.1:{server}",
             out=tmp_path / "out.json",
         )
@@ -203,7 +201,12 @@ def test_the_pd_worker_role_joins_the_call_and_the_probe(server: int, tmp_path: 
         text=True,
         timeout=120,
         check=False,
-        env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1", "HOME": str(tmp_path)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "ANSIBLE_NOCOLOR": "1",
+            "HOME": str(tmp_path),
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        },
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "out.json").read_text())["status"] == 200

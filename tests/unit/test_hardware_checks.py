@@ -1,4 +1,5 @@
-"""pdctl/onhost/hardware.py's evaluate(): each check's verdict and message per fault, memlock's
+"""pdctl/onhost/hardware/checks.py's evaluate(): each check's verdict and message per fault,
+memlock's
 among them.
 """
 
@@ -8,15 +9,15 @@ import json
 
 import pytest
 
-from pdctl.onhost import hardware as hw
-from pdctl.onhost.hardware import (
+from pdctl.onhost.hardware import runtime
+from pdctl.onhost.hardware.checks import (
     CHECK_NAMES,
     CPU_SKIP_MESSAGE,
     Check,
     Expectations,
     evaluate,
-    facts,
 )
+from pdctl.onhost.hardware.facts import facts
 from tests.unit.hardware_data import (
     CPU,
     FAILED_LIST,
@@ -358,7 +359,7 @@ def test_memlock_fix_follows_the_runtime() -> None:
 
 def test_memlock_clamped_by_the_runtime_passes_as_emulated() -> None:
     raw = make_raw(memlock=MEMLOCK_CAPPED)
-    version = f"crun version 1.8.1\nspec: 1.0.0\n{hw.RLIMIT_CLAMP_MARK} to this host's limits"
+    version = f"crun version 1.8.1\nspec: 1.0.0\n{runtime.RLIMIT_CLAMP_MARK} to this host's limits"
     info = {"host": {"ociRuntime": {"name": "crun", "path": "/opt/x/crun", "version": version}}}
     raw["commands"]["podman_info"]["stdout"] = json.dumps(info)
     check = by_name(evaluate(HOST, raw, GPU))["memlock"]

@@ -1,4 +1,5 @@
-"""pdctl/onhost/hardware.py's facts() on collect-shaped documents, and collect() for real: on this
+"""pdctl/onhost/hardware/facts.py's facts() on collect-shaped documents, and collect() for real: on
+this
 machine, over the lab's fake tools, its peer probes, and as the script a host runs.
 """
 
@@ -17,8 +18,12 @@ from typing import Any
 
 import pytest
 
-from pdctl.onhost import hardware as hw
-from pdctl.onhost.hardware import CHECK_NAMES, Expectations, collect, evaluate, facts
+from pdctl.onhost import bundle
+from pdctl.onhost.hardware import collect as hw_collect
+from pdctl.onhost.hardware import paths
+from pdctl.onhost.hardware.checks import CHECK_NAMES, Expectations, evaluate
+from pdctl.onhost.hardware.collect import collect
+from pdctl.onhost.hardware.facts import facts
 from tests.unit.hardware_data import (
     AMD_LIST_RECORD,
     AMD_LIST_TEXT,
@@ -28,13 +33,14 @@ from tests.unit.hardware_data import (
     FAILED_LIST,
     GPU,
     HOST,
-    MODULE,
+    LOADER,
     PDFAKE,
     PROVIDER,
     REF_PROVIDER_WARNING,
     ROCM_SMI_NO_DRIVER,
     ROCM_SMI_NO_JSON,
     ROCM_SMI_SERIES_LOWER,
+    ROOT,
     by_name,
     cmd,
     failing,
@@ -281,17 +287,17 @@ def test_facts_never_raises_on_odd_documents(raw: dict[str, Any]) -> None:
 
 
 def test_run_command_missing_unexecutable_and_timeout(tmp_path: Path) -> None:
-    assert hw.run_command(["pd-no-such-tool", "--x"])["rc"] == 127
+    assert hw_collect.run_command(["pd-no-such-tool", "--x"])["rc"] == 127
     plain = tmp_path / "plain"
     plain.write_text("#!/bin/sh\necho hi\n")
-    result = hw.run_command([str(plain)])
+    result = hw_collect.run_command([str(plain)])
     assert (result["rc"], result["stdout"]) == (126, "")
     assert "Permission denied" in result["stderr"]
     slow = tmp_path / "slow"
     slow.write_text("#!/bin/sh\necho started\nsleep 30\n")
     slow.chmod(0o755)
     started = time.monotonic()
-    result = hw.run_command([str(slow)], timeout=0.5)
+    result = hw_collect.run_command([str(slow)], timeout=0.5)
     assert time.monotonic() - started < 15  # killed at its timeout, long before its 30 s sleep
     assert (result["rc"], result["stdout"]) == (124, "started\n")
     assert result["stderr"].startswith(f"{slow}: timed out after 0.5 s")
@@ -399,11 +405,11 @@ class FakeHost:
         monkeypatch.setenv("PATH", f"{self.bin}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("PDFAKE_STATE", str(self.state_file))
         monkeypatch.setenv("PDFAKE_PROVIDER_LIB", str(self.provider))
-        monkeypatch.setattr(hw, "KFD_PATH", str(tmp / "kfd"))
-        monkeypatch.setattr(hw, "DRI_DIR", str(tmp / "dri"))
-        monkeypatch.setattr(hw, "SYSTEMD_RUN_DIR", str(tmp / "systemd"))
+        monkeypatch.setattr(hw_collect, "KFD_PATH", str(tmp / "kfd"))
+        monkeypatch.setattr(hw_collect, "DRI_DIR", str(tmp / "dri"))
+        monkeypatch.setattr(hw_collect, "SYSTEMD_RUN_DIR", str(tmp / "systemd"))
         # A bare-metal host's root may raise rlimits, whatever this machine allows.
-        monkeypatch.setattr(hw, "MEMLOCK_PROBE", "")
+        monkeypatch.setattr(hw_collect, "MEMLOCK_PROBE", "")
         self.state(host_index=1)
 
     def state(self, **state: Any) -> None:
@@ -595,29 +601,33 @@ def test_reach_forty_hanging_peers_run_concurrently(full_backlog: int, tmp_path:
     assert {r["error"] for r in raw["reach"]} == {"timed out after 2 s"}
 
 
-# --------------------------------------------------------------------------- python3 - on a host
+# --------------------------------------------------------------------------- run on a host
 
 PY39 = sorted((Path.home() / ".pyenv" / "versions").glob("3.9*/bin/python3"))
 PYTHONS = [sys.executable, *[str(p) for p in PY39[:1]]]
+COLLECT = "pdctl.onhost.hardware.collect"
+
+
+def _collect_on_host(python: str, request: str, env: dict[str, str] | None = None) -> Any:
+    """collect.py as pdctl runs it on a host: the loader's line, its bundle and the request."""
+    return subprocess.run(
+        [python, "-I", "-c", bundle.BOOT, COLLECT],
+        input=bundle.stdin(COLLECT) + request.encode(),
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("python", PYTHONS, ids=lambda p: Path(p).parent.parent.name or p)
-def test_source_piped_to_python_stdin(python: str, listener: int, tmp_path: Path) -> None:
+def test_collection_runs_from_its_bundle(python: str, listener: int, tmp_path: Path) -> None:
     request = {
         "provider_lib": str(tmp_path / "libbnxt_re-rdmav34.so"),
         "storage_paths": ["/nonexistent", str(tmp_path)],
         "peers": [["127.0.0.1", listener]],
     }
-    env = {**os.environ, hw.INPUT_ENV: json.dumps(request)}
-    proc = subprocess.run(
-        [python, "-"],
-        input=MODULE.read_text(),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    proc = _collect_on_host(python, json.dumps(request))
     assert proc.returncode == 0, proc.stderr
     raw = json.loads(proc.stdout)
     assert raw["schema"] == 1
@@ -634,23 +644,27 @@ def test_source_piped_to_python_stdin(python: str, listener: int, tmp_path: Path
     assert facts(raw)["hostname"] == socket.gethostname()
 
 
+# The checks and the facts computed on a host as the pd_preflight role's entry does
+# (hardware/preflight.py), from the bundle alone.
 PORTABLE_SCRIPT = """\
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("pd_hardware", sys.argv[1])
-hw = importlib.util.module_from_spec(spec)
-sys.modules["pd_hardware"] = hw  # as Ansible's module_utils loader does
-spec.loader.exec_module(hw)
+import json, sys
+loader = {"__name__": "pdctl_loader"}
+exec(open(sys.argv[1]).read(), loader)
+loader["install"](json.load(open(sys.argv[2])))
+from pdctl.onhost.hardware import checks, facts
 raw = json.load(sys.stdin)
-checks = hw.evaluate("node2", raw, hw.Expectations(kind="gpu"))
-print(json.dumps({"facts": hw.facts(raw), "checks": [c.to_dict() for c in checks]}))
+found = checks.evaluate("node2", raw, checks.Expectations(kind="gpu"))
+print(json.dumps({"facts": facts.facts(raw), "checks": [c.to_dict() for c in found]}))
 """
 
 
 @pytest.mark.parametrize("python", PYTHONS, ids=lambda p: Path(p).parent.parent.name or p)
-def test_facts_and_evaluate_under_each_python(python: str) -> None:
+def test_facts_and_evaluate_under_each_python(python: str, tmp_path: Path) -> None:
     raw = make_raw(rdma=rdma_commands(down=("bnxt_re5",)))
+    shipped = tmp_path / "bundle.json"
+    shipped.write_text(json.dumps(bundle.modules("pdctl.onhost.hardware.preflight")))
     proc = subprocess.run(
-        [python, "-W", "error", "-c", PORTABLE_SCRIPT, str(MODULE)],
+        [python, "-I", "-W", "error", "-c", PORTABLE_SCRIPT, str(LOADER), str(shipped)],
         input=json.dumps(raw),
         capture_output=True,
         text=True,
@@ -663,30 +677,20 @@ def test_facts_and_evaluate_under_each_python(python: str) -> None:
     assert [c["name"] for c in result["checks"] if not c["ok"]] == ["rdma_ports"]
 
 
-def test_source_with_bad_input_exits_2() -> None:
-    env = {**os.environ, hw.INPUT_ENV: json.dumps({"peers": "10.0.0.1", "typo": 1})}
-    proc = subprocess.run(
-        [sys.executable, "-"],
-        input=MODULE.read_text(),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+def test_collection_refuses_a_bad_request_with_exit_2() -> None:
+    proc = _collect_on_host(sys.executable, json.dumps({"peers": "10.0.0.1", "typo": 1}))
     assert proc.returncode == 2
-    assert json.loads(proc.stdout) == {"error": "PD_HARDWARE_INPUT: unknown input keys: typo"}
+    assert json.loads(proc.stdout) == {"error": "the request: unknown request keys: typo"}
 
 
-def test_script_reads_its_request_from_stdin_when_run_as_a_file(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != hw.INPUT_ENV}
+def test_collection_runs_as_a_module_of_the_source_tree(tmp_path: Path) -> None:
     request = {"storage_paths": [str(tmp_path)], "peers": [], "provider_lib": "/nonexistent.so"}
     proc = subprocess.run(
-        [sys.executable, str(MODULE)],
+        [sys.executable, "-m", COLLECT],
         input=json.dumps(request),
         capture_output=True,
         text=True,
-        env=env,
+        cwd=ROOT,
         timeout=60,
         check=False,
     )
@@ -696,39 +700,22 @@ def test_script_reads_its_request_from_stdin_when_run_as_a_file(tmp_path: Path) 
     assert raw["provider_lib"]["path"] == "/nonexistent.so"
 
 
-def test_python_c_does_not_wait_on_an_open_stdin(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != hw.INPUT_ENV}
-    env["PATH"] = str(tmp_path)  # no tools: the output stays far below a pipe's buffer
-    with subprocess.Popen(
-        [sys.executable, "-c", MODULE.read_text()],
-        stdin=subprocess.PIPE,  # like an SSH channel nobody closes
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    ) as proc:
-        try:
-            rc = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail("main() waited on stdin under python3 -c")
-        out = proc.stdout.read() if proc.stdout else ""
-    assert rc == 0
-    raw = json.loads(out)
-    assert raw["storage"]["candidates"] == list(hw.DEFAULT_STORAGE_PATHS)
-    assert raw["provider_lib"]["path"] == hw.DEFAULT_PROVIDER_LIB
+def test_an_empty_request_collects_with_the_defaults(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path)}  # no tools: the output stays small
+    proc = _collect_on_host(sys.executable, "", env=env)
+    assert proc.returncode == 0, proc.stderr
+    raw = json.loads(proc.stdout)
+    assert raw["storage"]["candidates"] == list(paths.DEFAULT_STORAGE_PATHS)
+    assert raw["provider_lib"]["path"] == paths.DEFAULT_PROVIDER_LIB
 
 
 def test_importing_the_module_does_nothing() -> None:
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import runpy; runpy.run_path({str(MODULE)!r}, run_name='pd_hardware')",
-        ],
+        [sys.executable, "-c", f"import {COLLECT}"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=30,
         check=False,
     )

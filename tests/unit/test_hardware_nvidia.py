@@ -1,4 +1,4 @@
-"""NVIDIA hosts and vendor-neutral fabric facts in pdctl/onhost/hardware.py: the parsers on
+"""NVIDIA hosts and vendor-neutral fabric facts in pdctl/onhost/hardware/: the parsers on
 real-format samples (tests/data/hardware/), facts() and evaluate() on NVIDIA observations."""
 
 from __future__ import annotations
@@ -8,20 +8,16 @@ from typing import Any
 
 import pytest
 
-from pdctl.onhost.hardware import (
-    Expectations,
-    ParseError,
-    dstack_gpu_name,
-    evaluate,
-    facts,
-    normalize_bdf,
-    parse_ibv_devinfo,
+from pdctl.onhost.hardware.checks import Expectations, evaluate
+from pdctl.onhost.hardware.facts import dstack_gpu_name, facts
+from pdctl.onhost.hardware.ibverbs import parse_ibv_devinfo, provider_driver
+from pdctl.onhost.hardware.nvidia import (
     parse_nvidia_ctk_cdi_list,
     parse_nvidia_ctk_version,
     parse_nvidia_smi_query,
-    pci_chain,
-    provider_driver,
 )
+from pdctl.onhost.hardware.parsing import ParseError
+from pdctl.onhost.hardware.pci import normalize_bdf, pci_chain
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hardware"
 HOST = "gpu7"

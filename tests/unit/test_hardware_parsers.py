@@ -1,4 +1,4 @@
-"""pdctl/onhost/hardware.py's parsers on real tool output: ibv_devices, ibv_devinfo, libibverbs'
+"""pdctl/onhost/hardware's parsers on real tool output: ibv_devices, ibv_devinfo, libibverbs'
 provider warnings, amd-smi and rocm-smi (samples in tests/data/hardware/).
 """
 
@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.onhost.hardware import (
-    Gid,
-    ParseError,
+from pdctl.onhost.hardware.amd import (
     parse_amd_smi_list,
     parse_amd_smi_static,
+    parse_rocm_smi_products,
+)
+from pdctl.onhost.hardware.ibverbs import (
+    Gid,
     parse_ibv_devices,
     parse_ibv_devinfo,
-    parse_rocm_smi_products,
     provider_warnings,
 )
+from pdctl.onhost.hardware.parsing import ParseError
 from tests.unit.hardware_data import (
     AJEAN_STATIC_GPU_DATA,
     AJEAN_WARNINGS,

@@ -7,7 +7,6 @@ line; the lab test (tests/integration/test_model_cache.py) runs the real podman.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import http.client
 import io
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from pdctl.core.errors import HostError
-from pdctl.onhost import image_fetch, peer_auth
+from pdctl.onhost import bundle, image_fetch, peer_auth
 from pdctl.operations import image_prefetch, prefetch
 from tests.unit import runtime_stand_in as stand_in
 from tests.unit.test_model_cache_plan import LAB, plan_of
@@ -221,26 +220,19 @@ def test_a_host_takes_only_an_image_of_its_request_from_a_known_source() -> None
             image_fetch.check_take(order, [IMAGE])
 
 
-def test_the_shipped_modules_share_no_top_level_name() -> None:
-    """The shipped modules run as one script on the hosts: a name defined twice would silently
-    take the other's place there."""
-    seen: dict[str, str] = {}
-    for module in prefetch._SHIPPED:
-        tree = ast.parse(Path(module.__file__ or "").read_text())
-        for node in tree.body:
-            names: list[str] = []
-            if isinstance(node, ast.FunctionDef | ast.ClassDef):
-                names = [node.name]
-            elif isinstance(node, ast.Assign):
-                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                names = [node.target.id]
-            for name in names:
-                assert name not in seen, f"{name} is both {seen[name]}'s and {module.__name__}'s"
-                seen[name] = module.__name__
-    compile(prefetch._SOURCE, "pdctl-model-fetch", "exec")
-    assert prefetch._SOURCE.count('if __name__ == "__main__"') == 1
-    assert prefetch._SOURCE.rstrip().endswith("sys.exit(host_main())")
+def test_the_fetchers_bundle_holds_what_it_imports_each_as_itself() -> None:
+    """The hosts run the image fetcher (whose main serves model sessions too) from its bundle:
+    the fetcher modules, each importable as itself, and nothing else of pdctl."""
+    shipped = bundle.modules(prefetch.FETCHER)
+    fetchers = {"hf_layout", "image_archive", "image_fetch", "model_fetch", "peer_auth"}
+    assert set(shipped) == {"pdctl", "pdctl.onhost"} | {
+        f"pdctl.onhost.{name}" for name in (*fetchers, "secret_mask")
+    }
+    for name, source in shipped.items():
+        compile(source, name, "exec")
+    entry = shipped[prefetch.FETCHER]
+    assert entry.count('if __name__ == "__main__"') == 1
+    assert entry.rstrip().endswith("sys.exit(host_main())")
 
 
 class Silent(prefetch.Channel):
@@ -303,7 +295,7 @@ class StandInHost(prefetch.Channel):
             **knobs,
         }
         self.proc = subprocess.Popen(
-            [python, "-c", prefetch._LOADER],
+            bundle.argv(prefetch.FETCHER, python=python),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

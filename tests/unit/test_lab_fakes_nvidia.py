@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.onhost import hardware
+from pdctl.onhost.hardware import ibverbs, nvidia, parsing
 
 SCRIPT = Path(__file__).resolve().parents[2] / "pdctl" / "lab" / "fakes" / "pdfake.py"
 H200 = {
@@ -65,14 +65,14 @@ QUERY = "--query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id"
 
 def test_query_csv_forms_parse_with_pdctls_parser(fake: Fake) -> None:
     plain = fake.run("nvidia-smi", QUERY, "--format=csv,noheader")
-    rows = hardware.parse_nvidia_smi_query(plain.stdout)
+    rows = nvidia.parse_nvidia_smi_query(plain.stdout)
     assert [(r["index"], r["name"], r["memory.total"]) for r in rows] == [
         (k, "NVIDIA H200", 143771) for k in range(8)
     ]
     assert plain.stdout.splitlines()[0].endswith(", 143771 MiB, 570.211.01, 00000000:18:00.0")
     header = fake.run("nvidia-smi", QUERY, "--format=csv,nounits").stdout.splitlines()
     assert header[0] == "index, name, uuid, memory.total [MiB], driver_version, pci.bus_id"
-    assert hardware.parse_nvidia_smi_query("\n".join(header)) == rows
+    assert nvidia.parse_nvidia_smi_query("\n".join(header)) == rows
     bad = fake.run("nvidia-smi", "--query-gpu=index,bogus", "--format=csv")
     assert (bad.returncode, bad.stdout) == (2, 'Field "bogus" is not a valid field to query.\n\n')
 
@@ -94,8 +94,8 @@ def test_no_driver(fake: Fake) -> None:
     fake.state(nvidia_driver=False)
     proc = fake.run("nvidia-smi", QUERY, "--format=csv,noheader")
     assert proc.returncode == 9 and proc.stdout.startswith("NVIDIA-SMI has failed")
-    with pytest.raises(hardware.ParseError, match="cannot talk to the driver"):
-        hardware.parse_nvidia_smi_query(proc.stdout)
+    with pytest.raises(parsing.ParseError, match="cannot talk to the driver"):
+        nvidia.parse_nvidia_smi_query(proc.stdout)
     generate = fake.run("nvidia-ctk", "cdi", "generate", f"--output={fake.cdi / 'nvidia.yaml'}")
     assert generate.returncode == 1 and "ERROR_DRIVER_NOT_LOADED" in generate.stderr
 
@@ -103,14 +103,14 @@ def test_no_driver(fake: Fake) -> None:
 def test_ctk_generates_and_lists_a_spec(fake: Fake) -> None:
     assert fake.run("nvidia-ctk", "cdi", "list").stdout == ""
     version = fake.run("nvidia-ctk", "--version").stdout
-    assert hardware.parse_nvidia_ctk_version(version) == "1.17.8"
+    assert nvidia.parse_nvidia_ctk_version(version) == "1.17.8"
     spec = fake.cdi / "nvidia.yaml"
     assert fake.run("nvidia-ctk", "cdi", "generate", "--output", str(spec)).returncode == 0
     text = spec.read_text()
     assert text.startswith("---\ncdiVersion: 0.5.0\n") and text.endswith("kind: nvidia.com/gpu\n")
     assert "    - path: /dev/nvidia7\n" in text
     listed = fake.run("nvidia-ctk", "cdi", "list")
-    names = hardware.parse_nvidia_ctk_cdi_list(listed.stdout)
+    names = nvidia.parse_nvidia_ctk_cdi_list(listed.stdout)
     assert names[0] == "0" and names[1].startswith("GPU-") and names[-1] == "all"
     assert len(names) == 17 and listed.stderr == "INFO[0000] Found 17 CDI devices\n"
 
@@ -118,9 +118,9 @@ def test_ctk_generates_and_lists_a_spec(fake: Fake) -> None:
 @pytest.mark.parametrize(("layer", "word"), [("ib", "InfiniBand"), ("eth", "Ethernet")])
 def test_mlx5_nics_in_both_link_layers(fake: Fake, layer: str, word: str) -> None:
     fake.state(link_layer=layer, down_ports=["mlx5_1"])
-    devices = hardware.parse_ibv_devices(fake.run("ibv_devices").stdout)
+    devices = ibverbs.parse_ibv_devices(fake.run("ibv_devices").stdout)
     assert [name for name, _ in devices] == [f"mlx5_{k}" for k in range(8)]
-    info = hardware.parse_ibv_devinfo(fake.run("ibv_devinfo", "-v").stdout)
+    info = ibverbs.parse_ibv_devinfo(fake.run("ibv_devinfo", "-v").stdout)
     assert {d.vendor_id for d in info} == {"0x02c9"}
     ports = {d.name: d.port(1) for d in info}
     assert {p.link_layer for p in ports.values() if p} == {word}
@@ -136,7 +136,7 @@ def test_mlx5_provider_missing_warns_like_libibverbs(fake: Fake) -> None:
     fake.provider.unlink()
     proc = fake.run("ibv_devices")
     assert "couldn't load driver 'libmlx5-rdmav34.so'" in proc.stderr
-    assert hardware.parse_ibv_devices(proc.stdout) == []
+    assert ibverbs.parse_ibv_devices(proc.stdout) == []
 
 
 def test_slot_topology_is_one_switch_per_gpu_and_nic() -> None:

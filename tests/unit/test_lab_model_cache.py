@@ -258,7 +258,7 @@ def test_the_images_copy_of_the_fetcher_downloads_with_the_standard_library_only
     )
     assert proc.returncode == 0, proc.stderr
     assert "refused: None" in proc.stdout and "Load weight end." in proc.stdout
-    assert "fetcher: pdlab_worker.model_fetch" in proc.stdout
+    assert "fetcher: pdctl.onhost.model_fetch" in proc.stdout
 
 
 def test_the_sglang_stand_in_downloads_its_model_when_no_cache_is_mounted(

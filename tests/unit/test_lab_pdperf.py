@@ -18,7 +18,7 @@ import pytest
 from pdctl.core import fabric_nics, perftest
 from pdctl.lab.fakes import pdfake
 from pdctl.lab.state import FakeHardware
-from pdctl.onhost import hardware
+from pdctl.onhost.hardware import ibverbs
 
 FAKES = Path(__file__).resolve().parents[2] / "pdctl" / "lab" / "fakes"
 PDPERF, PDFAKE = FAKES / "pdperf.py", FAKES / "pdfake.py"
@@ -143,7 +143,7 @@ def test_fake_devinfo_line_rate_is_what_pdctl_reads(env: dict[str, str]) -> None
         ).stdout
         return [
             fabric_nics.line_rate_gbps(p.active_width, p.active_speed)
-            for d in hardware.parse_ibv_devinfo(out)
+            for d in ibverbs.parse_ibv_devinfo(out)
             for p in d.ports
         ]
 

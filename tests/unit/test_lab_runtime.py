@@ -14,7 +14,7 @@ from pdctl.lab import inotify, manager, registry, state
 from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.runtime.crun_clamp import INFINITY, clamp, clamp_document
 from pdctl.lab.state import LabHost, LabState
-from pdctl.onhost import hardware
+from pdctl.onhost.hardware import runtime
 
 # What podman 4.3 writes for `--ulimit memlock=-1:-1` as root (it adds nofile and nproc).
 PODMAN_RLIMITS = [
@@ -168,7 +168,7 @@ def test_the_wrapper_is_an_executable_that_tells_the_preflight_it_clamps() -> No
     path = Path(crun_clamp.__file__)
     assert os.access(path, os.X_OK)
     assert path.read_text().startswith("#!/usr/bin/python3 -IS\n")
-    assert crun_clamp.VERSION_NOTE.startswith(hardware.RLIMIT_CLAMP_MARK)
+    assert crun_clamp.VERSION_NOTE.startswith(runtime.RLIMIT_CLAMP_MARK)
 
 
 # --------------------------------------------------------------------------- inotify

@@ -18,7 +18,7 @@ import yaml
 from pdctl.core import layout, spec
 from pdctl.core.layout import Layout, Roots
 from pdctl.core.plan import WORKER_ROLES, Plan, build, plan_from_extravars
-from pdctl.onhost import hardware
+from pdctl.onhost.hardware import paths
 from pdctl.operations import drift
 from pdctl.operations.deploy import write_plan_file
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
@@ -299,7 +299,7 @@ def test_the_defaults_have_one_value_each() -> None:
     # The preflight runs without a plan: its role and the host-side script keep a copy.
     preflight = yaml.safe_load((REPO / "roles/pd_preflight/defaults/main.yml").read_text())
     assert tuple(preflight["pd_preflight_storage_paths"]) == layout.STORAGE_PATHS
-    assert hardware.DEFAULT_STORAGE_PATHS == layout.STORAGE_PATHS
+    assert paths.DEFAULT_STORAGE_PATHS == layout.STORAGE_PATHS
 
 
 ANSIBLE_CONTENT = ("roles", "playbooks", "templates", "ansible.cfg")

@@ -26,7 +26,7 @@ import pytest
 from pdctl.core.errors import HostError, InputError
 from pdctl.lab import hub as lab_hub
 from pdctl.lab import hub_models
-from pdctl.onhost import hf_layout, model_fetch, peer_auth
+from pdctl.onhost import bundle, hf_layout, model_fetch, peer_auth
 from pdctl.operations import prefetch
 
 REPO = "lab/unit-model"
@@ -122,7 +122,7 @@ class LocalChannel(prefetch.Channel):
     def __init__(self, cache: Path, python: str = sys.executable) -> None:
         self.cache = cache
         self.proc = subprocess.Popen(
-            [python, "-c", prefetch._LOADER],
+            bundle.argv(prefetch.FETCHER, python=python),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

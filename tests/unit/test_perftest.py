@@ -10,7 +10,7 @@ import pytest
 
 from pdctl.core import fabric_nics, perftest
 from pdctl.core.perftest import Endpoint, PerftestError, Run
-from pdctl.onhost import hardware
+from pdctl.onhost.hardware import ibverbs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MIB_TO_GBPS = 8 * 2**20 / 1e9
@@ -223,7 +223,7 @@ def test_line_rate(width: object, speed: object, gbps: object) -> None:
 
 def test_rails_from_real_ibv_devinfo() -> None:
     text = (DATA / "hardware" / "ibv_devinfo-vv.mlx5-hdr-ucx.txt").read_text()
-    devices = hardware.parse_ibv_devinfo(text)
+    devices = ibverbs.parse_ibv_devinfo(text)
     port = devices[0].port(1)
     assert port is not None and (port.active_width, port.active_speed) == (
         "4X (2)",

@@ -6,8 +6,10 @@ in ``PDCTL_ROUTER_API_KEY`` (from the root-only EnvironmentFile router.env): the
 removes the key from its environment and hands it to SMG's own argument parser
 in-process. /proc/PID/cmdline keeps showing only the arguments systemd passed.
 
-Installed by the pd_router role as pd_layout.router_launcher; runs on the
-venv's python (3.9+), standard library and ``smg`` only.
+Runs ON the router host, on the venv's python (3.9+), standard library and ``smg`` only: the
+one on-host module that imports a third-party package (.importlinter says so), and imports
+nothing of pdctl, so the pd_router role installs its text (the pd_onhost lookup's ``source``)
+as pd_layout.router_launcher, a file of its own that the unit runs for the router's lifetime.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-../../../pdctl/onhost/hardware.py
