@@ -12,7 +12,7 @@ A vLLM worker's role comes from its ``--kv-transfer-config`` JSON: kv_producer i
 kv_consumer a decode, kv_both says neither (the group's name or ``pdctl: {role: ...}`` must).
 The connector and role it names are sent to SMG in the worker's registration, so they are
 checked against a whitelist here; a ``kv_port`` (and ``kv_ip``) it sets is a listener the
-plan accounts for on each slot's host (pdctl/core/plan.py).
+plan accounts for on each slot's host (pdctl/core/plan/).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Launch:
     kv_connector: str | None = None  # vLLM: from --kv-transfer-config
     kv_role: str | None = None
     # vLLM: the KV connector's own listener, when the config sets it (kv_port and kv_ip):
-    # a port the user chose, which pdctl accounts for on each slot's host (pdctl/core/plan.py).
+    # a port the user chose, which pdctl accounts for on each slot's host (pdctl/core/plan/).
     kv_port: int | None = None
     kv_ip: str | None = None
     args: tuple[str, ...] = ()  # the values of the words after the server's name

@@ -21,8 +21,7 @@ CONFIG_ROOT = "/etc/pdctl"  # <root>/<service>: its env files, API key, scaler c
 INSTALL_ROOT = "/opt/pdctl"  # the router's launcher, SMG venvs, the scaler's install
 STATE_ROOT = "/var/lib/pdctl"  # <root>/<service>: the scaler's state
 # A host's model cache (the Hugging Face hub cache layout, pdctl/onhost/hf_layout.py), shared by
-# every
-# service on the host: a fleet setting, so not under a plan's roots.
+# every service on the host: a fleet setting, so not under a plan's roots.
 MODEL_CACHE = "/var/lib/pdctl/models"
 # Where the workers see it (read-only), as HF_HOME: the engines' default hub cache.
 CONTAINER_HF_HOME = "/root/.cache/huggingface"

@@ -1,8 +1,7 @@
 """What deploy, status, destroy and endpoint return: typed results. PURE.
 
 pdctl/operations/deploy.py builds them, the command line renders them for people, and ``--json``
-prints
-``model_dump(mode="json")``: these fields, in this order, are that document's keys.
+prints ``model_dump(mode="json")``: these fields, in this order, are that document's keys.
 """
 
 from __future__ import annotations

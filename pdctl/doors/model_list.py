@@ -1,7 +1,6 @@
 """Which file list of a model the fan-out trusts (pdctl/operations/prefetch.py): the hub's, as
-pdctl asks
-it itself; without the hub (a mirror directory on the hosts, or a hub out of pdctl's reach), the
-one every host that reports a list reports, else none.
+pdctl asks it itself; without the hub (a mirror directory on the hosts, or a hub out of pdctl's
+reach), the one every host that reports a list reports, else none.
 
 A host's word on what its cache holds, or on what the mirror holds, is a claim: a compromised
 host would name its own commit, files and checksums, and every other host would then take its

@@ -134,7 +134,7 @@ class Router:
         ]
 
     def add_worker(self, registration: dict[str, Any], drain_settle_secs: int = 2) -> bool:
-        """Register a worker (``registration``: its POST /workers body, pdctl/core/plan.py's
+        """Register a worker (``registration``: its POST /workers body, pdctl/core/plan/model.py's
         Slot.registration()); False when SMG already had it (409)."""
         body = {**registration, "health": {"drain_settle_secs": drain_settle_secs}}
         url = body.get("url")

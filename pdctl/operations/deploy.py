@@ -270,8 +270,7 @@ def apply(
 ) -> DeployResult:
     """Converge the hosts to the plan, unless the quick check finds them as the last deploy
     left them (pdctl/operations/drift.py); ``converge`` runs the playbooks regardless. ``skip``:
-    hosts
-    that cannot be reached, left as they are (`--skip-unreachable`)."""
+    hosts that cannot be reached, left as they are (`--skip-unreachable`)."""
     skip = set(skip or ())
     old = services.stored_plan(workspace, plan.service)
     extravars = playbook_vars(plan)

@@ -2,8 +2,7 @@
 spread inside the fleet.
 
 Every host with a slot runs pdctl/onhost/image_fetch.py (shipped in the prefetch script, as root,
-the
-one-time key on stdin) and says which of the plan's images its runtime holds (the runtime as
+the one-time key on stdin) and says which of the plan's images its runtime holds (the runtime as
 pd_runtime picks it: pdctl.runtime, auto = podman when present, else docker).
 
 Which image a name must be comes from a trusted source, never from the host that gives it:

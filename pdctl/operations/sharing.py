@@ -145,11 +145,11 @@ def _slot(host: str, service: Any, stem: Any, values: Any) -> list[Held]:
     if bootstrap:
         held.append(Held(service, host, bootstrap_of(name), ports=(bootstrap, bootstrap)))
     side_channel = _port(values.get("VLLM_NIXL_SIDE_CHANNEL_PORT"))
-    if side_channel:  # a vLLM slot's ranks take one port each from it (pdctl/core/plan.py)
+    if side_channel:  # a vLLM slot's ranks take one port each from it (pdctl/core/plan/)
         last = min(side_channel + max(len(gpus), 1) - 1, 65535)
         held.append(Held(service, host, side_channel_of(name), ports=(side_channel, last)))
     kv_port = _port(values.get("PDCTL_KV_PORT"))
-    if kv_port:  # its ranks take the next ports, one per GPU (pdctl/core/plan.py)
+    if kv_port:  # its ranks take the next ports, one per GPU (pdctl/core/plan/)
         last = min(kv_port + max(len(gpus), 1) - 1, 65535)
         held.append(Held(service, host, kv_of(name), ports=(kv_port, last)))
     return held

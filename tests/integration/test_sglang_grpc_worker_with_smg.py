@@ -5,10 +5,10 @@ A prefill and a decode (``python3 -m sglang.launch_server ... --grpc-mode
 --disaggregation-mode prefill|decode``, NIXL) run from the image's Python layout; SMG runs with
 ``--enable-igw`` and no ``--model-path`` (pdctl drops it: SMG takes the tokenizer from the
 workers' GetTokenizer), and the workers are registered through ``POST /workers`` as pdctl
-registers them (pdctl/core/plan.py Slot.registration: ``grpc://``, ``runtime_type: sglang``, the
-prefill's bootstrap port). A chat must come back in the decode's words, streamed or not, after
-the decode reached the prefill's bootstrap server for its room; SMG counts it for the scaler's
-RPS. Skipped only when no ``smg`` executable can be found.
+registers them (pdctl/core/plan/model.py Slot.registration: ``grpc://``,
+``runtime_type: sglang``, the prefill's bootstrap port). A chat must come back in the decode's
+words, streamed or not, after the decode reached the prefill's bootstrap server for its room;
+SMG counts it for the scaler's RPS. Skipped only when no ``smg`` executable can be found.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """pdctl/onhost/hardware/checks.py's evaluate(): each check's verdict and message per fault,
-memlock's
-among them.
+memlock's among them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """pdctl/onhost/hardware/facts.py's facts() on collect-shaped documents, and collect() for real: on
-this
-machine, over the lab's fake tools, its peer probes, and as the script a host runs.
+this machine, over the lab's fake tools, its peer probes, and as the script a host runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The worker images' fan-out: its tree, the requests a host accepts, the peer that serves
 only the images its prefetch named to the fleet holding the secret (pdctl/onhost/image_fetch.py,
 pdctl/operations/image_prefetch.py), and the whole fan-out through the real host script. This
-machine has
-no container runtime: the end-to-end tests give each "host" a stand-in for podman's command
-line; the lab test (tests/integration/test_model_cache.py) runs the real podman."""
+machine has no container runtime: the end-to-end tests give each "host" a stand-in for podman's
+command line; the lab test (tests/integration/test_model_cache.py) runs the real podman."""
 
 from __future__ import annotations
 

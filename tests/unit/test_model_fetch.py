@@ -1,7 +1,6 @@
 """The model cache's fetcher and its fan-out, run for real on loopback: each "host" is a
 python3 process started with the loader pdctl sends over SSH (pdctl/operations/prefetch.py), with
-its own
-cache directory; the hub is the lab's (pdctl/lab/hub.py), counting downloads per file.
+its own cache directory; the hub is the lab's (pdctl/lab/hub.py), counting downloads per file.
 The real huggingface_hub then reads the cache offline."""
 
 from __future__ import annotations
