@@ -21,6 +21,7 @@ from bench.lablib import FLEET, PDCTL, SERVICE, BenchError, BenchLab, stopwatch
 from pdctl.core.plan import Plan, Slot
 from pdctl.doors import content, inventory
 from pdctl.doors import service as services
+from pdctl.doors.session import Session
 from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace
 from pdctl.lab.state import FakeHardware
@@ -46,7 +47,7 @@ def parked_scaler(lab: BenchLab, service: str) -> Iterator[tuple[Plan, Actuator]
     with the service's scaler stopped meanwhile: it would fight the benchmark over the spares."""
     workspace = Workspace(lab.home)
     plan = services.load_plan(workspace, service)
-    with services.open_handle(workspace, plan) as handle:
+    with Session(workspace) as session, services.open_handle(session, plan) as handle:
         router_host = handle.targets[plan.router.host]
         handle.pool.run(router_host, f"sudo -n systemctl stop pd-{service}-scaler.service")
         try:

@@ -24,7 +24,7 @@ def main() -> None:
     for host in fleet.hosts:
         host.name = names[host.address]
     service, env = spec.load(spec_path, os.environ)
-    # The extra-vars pdctl itself passes: the plan, plus a clean copy of pdctl for the scaler.
+    # The extra-vars pdctl itself passes: the plan, plus the packages the scaler needs.
     digest = drift.secrets_digest(
         drift.stored_key(workspace, service.name), env.secrets, os.environ
     )

@@ -19,6 +19,7 @@ from pdctl.cli import fleet, lab, scaler, service
 from pdctl.cli.app import App
 from pdctl.cli.output import Output
 from pdctl.core.errors import Interrupted, PdctlError
+from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 
 
@@ -56,9 +57,13 @@ from pdctl.doors.workspace import Workspace
 @click.pass_context
 def cli(ctx: click.Context, json_mode: bool, verbose: int, quiet: bool, home: Path) -> None:
     """pdctl: run Prefill/Decode-disaggregated inference on GPU servers you own."""
+    workspace = Workspace(home.resolve())
+    session = Session(workspace)  # one per command: its fleets read once, one SSH pool each
+    ctx.call_on_close(session.close)
     ctx.obj = App(
         out=Output(json_mode=json_mode, verbosity=verbose, quiet=quiet),
-        workspace=Workspace(home.resolve()),
+        workspace=workspace,
+        session=session,
     )
 
 

@@ -10,6 +10,7 @@ import click
 
 from pdctl.cli.output import Output
 from pdctl.core.errors import PdctlError
+from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 
 
@@ -17,6 +18,7 @@ from pdctl.doors.workspace import Workspace
 class App:
     out: Output
     workspace: Workspace
+    session: Session  # what the command's operations share of the fleets (doors/session.py)
 
 
 pass_app = click.make_pass_decorator(App)

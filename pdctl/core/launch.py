@@ -1,6 +1,6 @@
 """Which engine a worker group's launch command starts, and what it says about its role. PURE.
 
-Read from the words of one command (their values, quotes removed; pdctl/core/commands.py splits
+Read from the words of one command (their values, quotes removed; pdctl/core/entrypoint.py splits
 them), never by matching the raw text:
 - SGLang: ``python -m sglang.launch_server ...`` (or a path to launch_server.py), over HTTP, or
   over gRPC with ``--grpc-mode`` (dstack's pd-grpc.dstack.yml: SGLang then serves SMG's

@@ -21,8 +21,9 @@ from pdctl.core.errors import HostError, InputError, NotFound
 from pdctl.core.fleet_model import Fleet
 from pdctl.core.plan import Plan
 from pdctl.core.results import RecordState
-from pdctl.doors import inventory, ssh
+from pdctl.doors import ssh
 from pdctl.doors.router import Router
+from pdctl.doors.session import Session
 from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace, write_atomic
 
@@ -184,69 +185,72 @@ def api_key_file(plan: Plan) -> str:
     return f"{plan.router.host}:{_router_env(plan)}"
 
 
-def _pool(workspace: Workspace, plan: Plan) -> ssh.Pool:
-    return ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
-
-
-def _target(fleet: Fleet, plan: Plan, name: str) -> ssh.Target:
-    host = fleet.host(name)
-    if host is None:
+def _target(session: Session, plan: Plan, name: str) -> ssh.Target:
+    if session.fleet(plan.fleet).host(name) is None:
         raise NotFound(f"host {name} of service {plan.service} is no longer in fleet {plan.fleet}")
-    return inventory.target(fleet, host)
+    return session.target(plan.fleet, name)
 
 
-def router_api_key(workspace: Workspace, plan: Plan) -> str:
+def router_api_key(session: Session, plan: Plan) -> str:
     """The router's API key, read over SSH from its host (the one copy: pdctl keeps none)."""
-    fleet = inventory.load(workspace, plan.fleet)
-    target = _target(fleet, plan, plan.router.host)
-    pool = _pool(workspace, plan)
-    try:
-        return _api_key(pool, target, _router_env(plan))
-    finally:
-        pool.close()
+    target = _target(session, plan, plan.router.host)
+    return _api_key(session.pool(plan.fleet), target, _router_env(plan))
 
 
 @contextmanager
 def open_handle(
-    workspace: Workspace, plan: Plan, *, log: ssh.Log | None = None, need_key: bool = True
+    session: Session, plan: Plan, *, log: ssh.Log | None = None, need_key: bool = True
 ) -> Iterator[Handle]:
-    """Pooled SSH to the plan's hosts and a router client through the router host.
-    ``need_key=False``: a router whose API key cannot be read (a deploy that failed before
+    """SSH to the plan's hosts over the session's pool, and a router client through the router
+    host. ``need_key=False``: a router whose API key cannot be read (a deploy that failed before
     installing it) gives a client without one, and the reason in ``router_problem``."""
-    fleet = inventory.load(workspace, plan.fleet)
-    targets = {name: _target(fleet, plan, name) for name in plan.hosts()}
-    pool = _pool(workspace, plan)
+    fleet = session.fleet(plan.fleet)
+    targets = {name: _target(session, plan, name) for name in plan.hosts()}
+    pool = session.pool(plan.fleet)
+    router_target = targets[plan.router.host]
+    key, problem = None, None
     try:
-        router_target = targets[plan.router.host]
-        key, problem = None, None
-        try:
-            key = _api_key(pool, router_target, _router_env(plan))
-        except HostError as exc:
-            if need_key:
-                raise
-            problem = exc.message
-        router = Router(
-            plan.router.address,
-            plan.router.port,
-            plan.router.metrics_port,
-            key,
-            pool.connector(router_target),
+        key = _api_key(pool, router_target, _router_env(plan))
+    except HostError as exc:
+        if need_key:
+            raise
+        problem = exc.message
+    router = Router(
+        plan.router.address,
+        plan.router.port,
+        plan.router.metrics_port,
+        key,
+        pool.connector(router_target),
+    )
+    yield Handle(
+        plan=plan,
+        fleet=fleet,
+        pool=pool,
+        targets=targets,
+        router=router,
+        router_problem=problem,
+        actuator=Actuator(
+            plan,
+            pool,
+            targets,
+            router,
+            log=log,
+            secrets=secret_values(plan).values(),
+        ),
+    )
+
+
+def scaler_unit(handle: Handle, verb: str) -> bool:
+    """Start or stop the service's scaler unit; False when there is none."""
+    unit = layout.scaler_unit(handle.plan.service)
+    target = handle.targets[handle.plan.router.host]
+    if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
+        return False
+    result = handle.pool.run(
+        target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
+    )
+    if result.rc != 0:
+        raise HostError(
+            f"{handle.plan.router.host}: systemctl {verb} {unit} failed: {result.stderr.strip()}"
         )
-        yield Handle(
-            plan=plan,
-            fleet=fleet,
-            pool=pool,
-            targets=targets,
-            router=router,
-            router_problem=problem,
-            actuator=Actuator(
-                plan,
-                pool,
-                targets,
-                router,
-                log=log,
-                secrets=secret_values(plan).values(),
-            ),
-        )
-    finally:
-        pool.close()
+    return True

@@ -8,8 +8,8 @@ whatever the entry itself reads. So nothing of a bundle is in any argv, and the 
 import the same way on the controller and on the host.
 
 - over SSH, pdctl sends ``command()`` and ``stdin()`` (pdctl/doors/ssh.py, run_onhost);
-- in the Ansible content, the ``pd_onhost`` lookup (plugins/lookup/pd_onhost.py) loads this
-  file and gives the roles the same argv and stdin;
+- in the Ansible content, the ``pd_onhost`` lookup (playbooks/lookup_plugins/pd_onhost.py) loads
+  this file and gives the roles the same argv and stdin;
 - a daemon (the scaler) keeps ``stdin()`` in a file its unit feeds to its stdin;
 - the router's launcher imports nothing of pdctl: a bundle of one module, installed as its file
   (``source()``).

@@ -44,7 +44,7 @@ from pdctl.onhost import bundle
 RECORD = "converged.json"
 KEY = "converged.key"
 _CHECK_RECORDS = ("pd_facts", "pd_preflight")
-_CONTENT = ("ansible.cfg", "playbooks", "plugins", "roles", "templates")
+_CONTENT = ("ansible.cfg", "playbooks", "roles", "templates")
 # pdctl's code the roles install on hosts (the pd_onhost lookup): a new pdctl with other code
 # there converges them.
 INSTALLED_CODE = ("pdctl.scaler", "pdctl.onhost.router_launch")

@@ -31,6 +31,7 @@ from pdctl.core.fleet_model import Fleet, FleetHost
 from pdctl.core.host_devices import FactsError
 from pdctl.core.plan import Plan, Slot
 from pdctl.doors import inventory, ssh
+from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 
 Progress = Callable[[str], None]
@@ -251,11 +252,10 @@ def execute(
     return found, time.monotonic() - started
 
 
-def _context(workspace: Workspace, fleet: Fleet, options: Options) -> _Context:
+def _context(pool: ssh.Pool, fleet: Fleet, options: Options) -> _Context:
     options.check()
-    known = ssh.KnownHosts(inventory.known_hosts_file(workspace, fleet.name))
     return _Context(
-        pool=ssh.Pool(known, fleet.name),
+        pool=pool,
         targets={h.name: inventory.target(fleet, h) for h in fleet.hosts},
         addresses={h.name: h.address for h in fleet.hosts},
         become=fleet.settings.become,
@@ -342,7 +342,8 @@ def check_fleet(
 ) -> dict[str, Any]:
     """Every pair of the fleet's GPU hosts (with ``limit``: the pairs with one of those in
     them), tested and judged; each tested host's record kept in the inventory."""
-    ctx = _context(workspace, fleet, options)
+    known = ssh.KnownHosts(inventory.known_hosts_file(workspace, fleet.name))
+    ctx = _context(ssh.Pool(known, fleet.name), fleet, options)
     try:
         gpu = [h for h in fleet.hosts if h.kind == "gpu"]
         rails = {}
@@ -419,32 +420,29 @@ def kv_links(plan: Plan, fleet: Fleet) -> list[Link]:
 
 
 def certify_plan(
-    workspace: Workspace, plan: Plan, options: Options, progress: Progress
+    session: Session, plan: Plan, options: Options, progress: Progress
 ) -> dict[str, Any]:
     """The plan's KV paths (kv_links), tested and judged against their line rates and each
-    other; the hosts' records kept in the inventory."""
-    fleet = inventory.load(workspace, plan.fleet)
-    ctx = _context(workspace, fleet, options)
-    try:
-        links = kv_links(plan, fleet)
-        schedule = fabric_schedule.of_links(links, parallel=options.parallel_rails)
-        progress(
-            f"certify: {len(links)} KV path(s) between {len(schedule.hosts)} host(s) in "
-            f"{len(schedule.rounds)} round(s)"
-        )
-        measurements, seconds = execute(ctx, schedule, progress)
-    finally:
-        ctx.pool.close()
+    other, over the session's pool; the hosts' records kept in the inventory."""
+    fleet = session.fleet(plan.fleet)
+    ctx = _context(session.pool(plan.fleet), fleet, options)
+    links = kv_links(plan, fleet)
+    schedule = fabric_schedule.of_links(links, parallel=options.parallel_rails)
+    progress(
+        f"certify: {len(links)} KV path(s) between {len(schedule.hosts)} host(s) in "
+        f"{len(schedule.rounds)} round(s)"
+    )
+    measurements, seconds = execute(ctx, schedule, progress)
     doc = _report(schedule, measurements, seconds, options, "kv")
     if measurements:
-        _store(workspace, fleet, doc)
+        _store(session.workspace, fleet, doc)
     return doc
 
 
-def plan_problems(workspace: Workspace, plan: Plan) -> list[str]:
+def plan_problems(session: Session, plan: Plan) -> list[str]:
     """Why the plan's hosts with slots are not fabric-certified (`pdctl plan` warns, and
     refuses with --strict)."""
-    fleet = inventory.load(workspace, plan.fleet)
+    fleet = session.fleet(plan.fleet)
     with_slots = {slot.host for slot in plan.slots()}
     hosts = [h for h in fleet.hosts if h.name in with_slots]
     return fabric_judge.plan_problems(hosts, fleet.name)

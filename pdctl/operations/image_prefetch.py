@@ -35,7 +35,7 @@ from pdctl.core import validate
 from pdctl.core.errors import HostError
 from pdctl.core.plan import WORKER_ROLES, Plan
 from pdctl.doors import service as services
-from pdctl.doors.workspace import Workspace
+from pdctl.doors.session import Session
 from pdctl.onhost.secret_mask import Masker
 from pdctl.operations import prefetch
 
@@ -397,19 +397,19 @@ def spread(
     return doc
 
 
-def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, Any] | None:
+def for_plan(session: Session, plan: Plan, progress: Progress) -> dict[str, Any] | None:
     """Every worker image on every host with a slot before the units start (None: no slot)."""
     needs = plan_images(plan)
     if not needs:
         return None
-    with prefetch.fleet_channels(workspace, plan) as (opener, addresses):
-        return spread(
-            opener,
-            addresses,
-            needs,
-            progress,
-            runtime=plan.runtime,
-            archive=plan.image_archive,
-            pins=plan_pins(plan),
-            secrets_known=tuple(services.secret_values(plan).values()),
-        )
+    opener, addresses = prefetch.fleet_channels(session, plan)
+    return spread(
+        opener,
+        addresses,
+        needs,
+        progress,
+        runtime=plan.runtime,
+        archive=plan.image_archive,
+        pins=plan_pins(plan),
+        secrets_known=tuple(services.secret_values(plan).values()),
+    )

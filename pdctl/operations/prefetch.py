@@ -24,7 +24,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,9 @@ import paramiko
 
 from pdctl.core.errors import HostError
 from pdctl.core.plan import Plan
-from pdctl.doors import inventory, model_list, ssh
+from pdctl.doors import model_list, ssh
 from pdctl.doors import service as services
-from pdctl.doors.workspace import Workspace
+from pdctl.doors.session import Session
 from pdctl.onhost import bundle
 from pdctl.onhost.secret_mask import Masker
 
@@ -469,32 +469,26 @@ def model_hosts(plan: Plan) -> list[str]:
     return sorted({slot.host for slot in plan.slots()}, key=plan.hosts().index)
 
 
-def for_plan(workspace: Workspace, plan: Plan, progress: Progress) -> dict[str, Any] | None:
+def for_plan(session: Session, plan: Plan, progress: Progress) -> dict[str, Any] | None:
     """Fill the cache of every host with a slot before the units start (None: no model)."""
-    fleet = inventory.load(workspace, plan.fleet)
-    request = plan_request(plan, fleet.settings.model_endpoint)
+    request = plan_request(plan, session.fleet(plan.fleet).settings.model_endpoint)
     if request is None:
         return None
-    with fleet_channels(workspace, plan) as (opener, addresses):
-        return prefetch(opener, addresses, request, progress)
+    opener, addresses = fleet_channels(session, plan)
+    return prefetch(opener, addresses, request, progress)
 
 
-@contextlib.contextmanager
-def fleet_channels(workspace: Workspace, plan: Plan) -> Iterator[tuple[Opener, dict[str, str]]]:
-    """How to start the fetcher on each host with a slot of the plan, and their addresses."""
-    fleet = inventory.load(workspace, plan.fleet)
+def fleet_channels(session: Session, plan: Plan) -> tuple[Opener, dict[str, str]]:
+    """How to start the fetcher on each host with a slot of the plan (over the session's
+    pool), and their addresses."""
+    fleet = session.fleet(plan.fleet)
     hosts = model_hosts(plan)
-    targets = {}
     for name in hosts:
-        host = fleet.host(name)
-        if host is None:
+        if fleet.host(name) is None:
             raise HostError(f"host {name} of the plan is no longer in fleet {plan.fleet}")
-        targets[name] = inventory.target(fleet, host)
-    pool = ssh.Pool(ssh.KnownHosts(inventory.known_hosts_file(workspace, plan.fleet)), plan.fleet)
-    try:
-        yield ssh_opener(pool, targets), {name: targets[name].address for name in hosts}
-    finally:
-        pool.close()
+    targets = session.targets(plan.fleet, hosts)
+    opener = ssh_opener(session.pool(plan.fleet), targets)
+    return opener, {name: targets[name].address for name in hosts}
 
 
 def status(

@@ -32,8 +32,9 @@ from pdctl.core.plan import (
     unusable,
 )
 from pdctl.core.spec import MIN_PORT_STRIDE
-from pdctl.doors import inventory, ssh
 from pdctl.doors import service as services
+from pdctl.doors import ssh
+from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 
 PROBE = "pdctl.onhost.holdings_probe"  # what each host runs
@@ -70,15 +71,14 @@ class Found:
     unread: dict[str, str] = field(default_factory=dict)  # host -> why
 
 
-def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found:
+def read_hosts(session: Session, fleet: Fleet, explained: set[str]) -> Found:
     """Every usable host's pdctl services but the ``explained`` ones (a stored plan says
-    what they hold), one SSH command per host, all at once."""
-    known = ssh.KnownHosts(inventory.known_hosts_file(workspace, fleet.name))
-    pool = ssh.Pool(known, fleet.name)
+    what they hold), one SSH command per host, all at once, over the session's pool."""
+    pool = session.pool(fleet.name)
     hosts = {h.name: h for h in fleet.hosts if unusable(h) is None}
 
     def read(name: str) -> list[Held] | str:
-        target = inventory.target(fleet, hosts[name])
+        target = session.target(fleet.name, name)
         try:  # a host without a pinned key is refused before contact
             where = json.dumps(PROBE_WHERE)
             text = ssh.run_onhost(
@@ -88,10 +88,7 @@ def read_hosts(workspace: Workspace, fleet: Fleet, explained: set[str]) -> Found
             return str(exc)
         return [h for h in parse_report(name, text) if h.service not in explained]
 
-    try:
-        results = ssh.at_once(sorted(hosts), read)
-    finally:
-        pool.close()
+    results = ssh.at_once(sorted(hosts), read)
     found = Found()
     for name, result in results.items():
         if isinstance(result, str):

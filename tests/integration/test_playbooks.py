@@ -28,7 +28,7 @@ from pdctl.core import plan, spec
 from pdctl.core.ansible_data import unsafe_yaml
 from pdctl.doors import inventory
 from pdctl.doors.workspace import Workspace
-from pdctl.operations.deploy import write_plan_file
+from pdctl.operations.planning import write_plan_file
 from tests.support import (
     Lab,
     pdctl,

@@ -129,8 +129,8 @@ def test_a_module_that_imports_nothing_of_pdctl_stands_alone() -> None:
 def test_the_lookup_loads_bundle_py_by_its_path_with_the_standard_library_only(
     tmp_path: Path,
 ) -> None:
-    """plugins/lookup/pd_onhost.py loads bundle.py by its path: Ansible's Python need not have
-    pdctl. Under -S -I (no site-packages, so no pdctl) it builds the same bundle as pdctl."""
+    """playbooks/lookup_plugins/pd_onhost.py loads bundle.py by its path: Ansible's Python need
+    not have pdctl. Under -S -I (no site-packages, so no pdctl) it builds pdctl's bundle."""
     script = (
         "import importlib.util, sys\n"
         "spec = importlib.util.spec_from_file_location('b', sys.argv[1])\n"

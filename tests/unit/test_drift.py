@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,12 +17,13 @@ from pdctl.core.errors import CheckFailed
 from pdctl.core.plan import Plan, build
 from pdctl.doors import inventory
 from pdctl.doors import service as services
+from pdctl.doors.session import Session
 from pdctl.doors.slots import SlotState
 from pdctl.doors.workspace import Workspace
 from pdctl.onhost import bundle, drift_probe
-from pdctl.operations import drift
-from pdctl.operations.deploy import make_plan, write_plan_file
+from pdctl.operations import drift, planning
 from pdctl.operations.drift import Observed
+from pdctl.operations.planning import write_plan_file
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 KEY = bytes(32)
@@ -33,6 +35,12 @@ def plan() -> Plan:
     return build(
         spec, env, fleet(host("cpu1", "cpu"), host("gpu1"), host("gpu2")), secrets_digest=""
     )
+
+
+def make_plan(workspace: Workspace, *args: Any, **kwargs: Any) -> Any:
+    """planning.make_plan as one command makes it: in a session of its own."""
+    with Session(workspace) as session:
+        return planning.make_plan(session, *args, **kwargs)
 
 
 def in_sync(plan: Plan) -> tuple[dict[str, object], dict[str, Observed], set[str]]:

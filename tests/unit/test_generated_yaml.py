@@ -10,7 +10,7 @@ from yamllint.config import YamlLintConfig
 from pdctl.core.plan import build
 from pdctl.doors import inventory
 from pdctl.doors.workspace import Workspace
-from pdctl.operations.deploy import write_plan_file
+from pdctl.operations.planning import write_plan_file
 from tests.unit.test_plan import fleet, host, lab_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pdctl.core.layout import Layout, Roots
 from pdctl.core.plan import WORKER_ROLES, Plan, build, plan_from_extravars
 from pdctl.onhost.hardware import paths
 from pdctl.operations import drift
-from pdctl.operations.deploy import write_plan_file
+from pdctl.operations.planning import write_plan_file
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 ROLES = ("pd_worker", "pd_router", "pd_scaler")

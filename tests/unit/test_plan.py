@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.core.commands import worker_script
+from pdctl.core.entrypoint import worker_script
 from pdctl.core.errors import CheckFailed, InputError
 from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.core.plan import (

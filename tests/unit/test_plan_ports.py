@@ -15,7 +15,7 @@ from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.core.plan import Held, Plan, build, held_by
 from pdctl.core.spec import parse
 from pdctl.operations import sharing
-from pdctl.operations.deploy import plan_table
+from pdctl.operations.planning import plan_table
 from tests.support import assert_apart, lab_service
 
 REPO = Path(__file__).resolve().parents[2]

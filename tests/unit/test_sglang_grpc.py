@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.core.commands import CommandError, find_launch, worker_script
+from pdctl.core.entrypoint import find_launch, worker_script
 from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.core.plan import Plan, build, plan_from_extravars
+from pdctl.core.shell import CommandError
 from pdctl.core.spec import SpecError, parse
 from pdctl.lab.worker.sglang.launch_server import parse_args
 from tests.support import assert_apart

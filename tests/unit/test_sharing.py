@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,9 +12,10 @@ from pdctl.core.errors import HostError, InputError
 from pdctl.core.plan import Held, held_by
 from pdctl.doors import inventory
 from pdctl.doors import service as services
+from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 from pdctl.onhost.holdings_probe import report
-from pdctl.operations import deploy, sharing
+from pdctl.operations import deploy, planning, sharing
 from tests.support import lab_service
 from tests.unit.test_plan import ENV, REPO, host, lab_fleet, place
 
@@ -119,6 +121,12 @@ def workspace(tmp_path: Path) -> Workspace:
     return ws
 
 
+def make_plan(workspace: Workspace, *args: Any, **kwargs: Any) -> Any:
+    """planning.make_plan as one command makes it: in a session of its own."""
+    with Session(workspace) as session:
+        return planning.make_plan(session, *args, **kwargs)
+
+
 def spec_file(tmp_path: Path, name: str, port: int, metrics: int) -> Path:
     path = tmp_path / f"{name}.yml"
     path.write_text(lab_service((REPO / "examples/lab/pd.yml").read_text(), name, port, metrics))
@@ -133,7 +141,7 @@ def test_make_plan_goes_around_the_workspaces_other_services(
     elsewhere = place("z").model_copy(update={"fleet": "other"})  # another fleet: not held
     services.save_plan(workspace, elsewhere)
     warnings: list[str] = []
-    _, _, b = deploy.make_plan(
+    _, _, b = make_plan(
         workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV, warn=warnings.append
     )
     assert b == place("b", held_by(a), port=8001, metrics=29001)
@@ -143,7 +151,7 @@ def test_make_plan_goes_around_the_workspaces_other_services(
     }
     assert [w.split(":")[0] for w in warnings] == ["cpu1", "gpu1", "gpu2"]
     assert "no host key is pinned" in warnings[0]
-    _, _, again = deploy.make_plan(
+    _, _, again = make_plan(
         workspace, spec_file(tmp_path, "a", 8000, 29000), "f", environ=ENV, warn=warnings.append
     )
     assert again == a  # its own stored plan is not in its way
@@ -153,7 +161,7 @@ def test_deploy_refuses_a_plan_on_hosts_it_could_not_read_naming_every_one(
     workspace: Workspace, tmp_path: Path
 ) -> None:
     with pytest.raises(HostError) as refused:
-        deploy.make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)
+        make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)
     message = refused.value.message
     assert message.startswith("3 host(s) of the plan cannot be reached: cpu1: ")
     assert "; gpu1: " in message and "; gpu2: " in message
@@ -165,7 +173,7 @@ def test_skip_unreachable_plans_and_says_which_hosts_it_leaves(
     workspace: Workspace, tmp_path: Path
 ) -> None:
     unreachable: dict[str, str] = {}
-    _, _, plan = deploy.make_plan(
+    _, _, plan = make_plan(
         workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV, unreachable=unreachable
     )
     assert sorted(unreachable) == ["cpu1", "gpu1", "gpu2"]
@@ -178,7 +186,8 @@ def test_skip_unreachable_plans_and_says_which_hosts_it_leaves(
 def test_hosts_that_placement_never_uses_are_not_read(workspace: Workspace) -> None:
     fleet = lab_fleet()
     fleet.hosts.append(host("gpu3", ok=False))
-    found = sharing.read_hosts(workspace, fleet, set())
+    with Session(workspace) as session:
+        found = sharing.read_hosts(session, fleet, set())
     assert sorted(found.unread) == ["cpu1", "gpu1", "gpu2"] and found.held == []
 
 
@@ -191,7 +200,7 @@ def test_a_deploy_that_did_not_complete_holds_its_plan_too(
     directory.mkdir(parents=True)
     (directory / services.APPLYING).write_text(a.model_dump_json())
     spec = spec_file(tmp_path, "b", 8001, 29001)
-    _, _, b = deploy.make_plan(workspace, spec, "f", environ=ENV, warn=lambda _: None)
+    _, _, b = make_plan(workspace, spec, "f", environ=ENV, warn=lambda _: None)
     assert b == place("b", held_by(a), port=8001, metrics=29001)
 
 
@@ -202,4 +211,4 @@ def test_an_unreadable_plan_of_another_service_refuses_the_plan(
     directory.mkdir(parents=True)
     (directory / services.PLAN).write_text("{not json")
     with pytest.raises(InputError, match=r"plan\.json is unreadable"):
-        deploy.make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)
+        make_plan(workspace, spec_file(tmp_path, "b", 8001, 29001), "f", environ=ENV)

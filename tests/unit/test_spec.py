@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.core.commands import worker_script
+from pdctl.core.entrypoint import worker_script
 from pdctl.core.errors import InputError
 from pdctl.core.spec import Gpu, Range, SpecError, added_flags, load, parse
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.core.commands import CommandError, find_launch, worker_script
+from pdctl.core.entrypoint import find_launch, worker_script
 from pdctl.core.errors import InputError
 from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.core.plan import Held, Plan, build, held_by, listeners, plan_from_extravars, router_args
+from pdctl.core.shell import CommandError
 from pdctl.core.spec import SpecError, parse
 from pdctl.operations import sharing
 from tests.support import assert_apart

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdctl.core import model_cache
-from pdctl.core.commands import worker_script
+from pdctl.core.entrypoint import worker_script
 from pdctl.core.errors import CheckFailed, InputError
 from pdctl.core.failover import FailoverPlan, refuse_unsurvivable
 from pdctl.core.fleet_model import Fleet, FleetHost, natural_key

@@ -1,6 +1,6 @@
 """What holds across a service file's fields, checked once each field is valid: the groups (one
 router, one prefill, one decode), their images and engines agreeing, their launch commands
-(parsed as shell: pdctl/core/commands.py), scaling and latency metrics, the router's launch
+(parsed as shell: pdctl/core/shell.py), scaling and latency metrics, the router's launch
 line, pinned image IDs, text pdctl will write into units, and the slot count. Each refusal is a
 SpecError with the line and field.
 """
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.core import validate
-from pdctl.core.commands import CommandError, find_launch, worker_script
+from pdctl.core.entrypoint import find_launch, worker_script
 from pdctl.core.launch import GRPC_MODE, Connection, Engine
 from pdctl.core.router_flags import RouterFlagError, kept_flags, launch_line
+from pdctl.core.shell import CommandError
 from pdctl.core.spec.dstack import (
     BASE_IMAGE_FIELDS,
     LATENCY_METRICS,

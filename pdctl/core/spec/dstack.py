@@ -21,8 +21,9 @@ from pydantic import (
 )
 
 from pdctl.core import layout, validate
-from pdctl.core.commands import CommandError, find_launch
+from pdctl.core.entrypoint import find_launch
 from pdctl.core.launch import Connection, Engine, Launch
+from pdctl.core.shell import CommandError
 from pdctl.core.spec.settings import PdctlSettings
 from pdctl.core.spec.values import (
     IMAGE_ID_HELP,

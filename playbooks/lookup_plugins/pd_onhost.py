@@ -7,9 +7,10 @@ runs ``python -c "<boot>" <entry>`` with ``stdin`` kept in a file; ``source`` is
 own text, for a module that imports nothing of pdctl and is installed as its file (the router's
 launcher), else empty.
 
-The bundle is built from the pdctl package this content ships with (a checkout's ``pdctl/``
-beside ``plugins/``, or the wheel's package above ``_content/``), with bundle.py loaded by its
-path: Ansible's Python need not have pdctl installed.
+Beside the playbooks, Ansible finds it for any of them; ansible.cfg names it for a playbook
+elsewhere (molecule's config too). The bundle is built from the pdctl package this content
+ships with (a checkout's ``pdctl/`` beside ``playbooks/``, or the wheel's package above
+``_content/``), with bundle.py loaded by its path: Ansible's Python need not have pdctl.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _list:
 _CONTENT = Path(__file__).resolve().parents[2]  # the checkout, or pdctl/_content in a wheel
 _CANDIDATES = (
     _CONTENT / "pdctl" / "onhost" / "bundle.py",  # a checkout
-    _CONTENT.parent / "onhost" / "bundle.py",  # a wheel: pdctl/_content/plugins/lookup/
+    _CONTENT.parent / "onhost" / "bundle.py",  # a wheel: pdctl/_content/playbooks/lookup_plugins/
 )
 
 

@@ -17,7 +17,8 @@ from typing import Literal
 import pytest
 import yaml
 
-from pdctl.core.commands import CommandError, shell_words, worker_script
+from pdctl.core.entrypoint import worker_script
+from pdctl.core.shell import CommandError, shell_words
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = "python -m sglang.launch_server"
