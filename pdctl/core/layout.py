@@ -3,7 +3,7 @@
 The one home of these facts: pdctl reads them here, and the roles and templates read the
 plan's ``pd_layout`` (Layout.extravar(): every path and name resolved for the plan's
 service), so that what pdctl checks and what the roles wrote cannot drift apart.
-tests/unit/test_layout.py renders the roles' view of a plan with Ansible and holds it equal
+tests/unit/core/test_layout.py renders the roles' view of a plan with Ansible and holds it equal
 to this one. Standard library and pydantic only.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 DEFAULT_PROVIDER_LIB = "/usr/lib64/libibverbs/libbnxt_re-rdmav34.so"
 
 # pdctl/core/layout.py's STORAGE_PATHS: this file runs on hosts without pdctl, so it keeps a copy,
-# which tests/unit/test_layout.py holds equal.
+# which tests/unit/core/test_layout.py holds equal.
 DEFAULT_STORAGE_PATHS = ("/var/lib/containers", "/var/lib/docker", "/var/lib")
 
 # Where distributions put libibverbs providers (RHEL-style, Debian multiarch, local builds).
