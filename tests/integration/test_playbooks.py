@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 import pytest
 
-from pdctl import inventory, plan, spec
+from pdctl import inventory, layout, plan, spec
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.deploy import write_plan_file
 from pdctl.workspace import Workspace
@@ -462,7 +462,7 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
     deployment.root(
         deployment.router,
         f"mkdir -p /var/lib/pdctl/{SERVICE} && "
-        f"echo '{{\"prefill\": 2}}' > /var/lib/pdctl/{SERVICE}/overrides.json",
+        f"echo '{{\"prefill\": 2}}' > /var/lib/pdctl/{SERVICE}/{layout.SCALER_PINS}",
     )
     _wait_healthy(f"http://{spare['address']}:{spare['port']}/health", timeout=90)
     (decode,) = deployment.slots("decode", start=True)
