@@ -237,6 +237,7 @@ class Layout:
                     "env": self.group_env(group),
                     "script": self.group_script(group),
                     "container": container(svc, group, "%i"),  # %i: the slot index
+                    "slot_env": self.slot_env(group, "%i"),
                     "unit": worker_unit(svc, group),
                     "instances": slot_unit(svc, group, "*"),
                 }

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 
 from pdctl import inventory, layout, plan, spec
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.deploy import write_plan_file
 from pdctl.workspace import Workspace
+from tests import role_templates
 from tests.support import (
     Lab,
     pdctl,
@@ -406,41 +406,21 @@ def test_api_key_is_in_no_process_arguments(deployment: Deployment) -> None:
 
 
 def test_units_render_the_same_with_plain_jinja2(deployment: Deployment) -> None:
-    """templates/ rendered with plain jinja2 is what the roles wrote (so the templates stay
-    plain Jinja2, and the unit tests' renderings are the real units)."""
+    """The roles' templates rendered with plain jinja2 from the plan's variables are what the
+    roles wrote (so the templates stay plain Jinja2, read each value by its one name, and the
+    unit tests' renderings are the real units)."""
     plan_vars = deployment.plan
     where = plan_vars["pd_layout"]
-    unit_dir = "/etc/systemd/system"
     prefill_node = deployment.nodes[deployment.slots("prefill")[0]["host"]]
-    worker_unit = deployment.root(prefill_node, f"cat {unit_dir}/pd-{SERVICE}-prefill@.service")
-    router_unit = deployment.root(deployment.router, f"cat {unit_dir}/pd-{SERVICE}-router.service")
+    worker_unit = deployment.root(
+        prefill_node, f"cat {where['unit_dir']}/{where['groups']['prefill']['unit']}"
+    )
+    router_unit = deployment.root(
+        deployment.router, f"cat {where['unit_dir']}/{where['router_unit']}"
+    )
     for trim_blocks in (False, True):
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(ROOT / "templates"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            trim_blocks=trim_blocks,
-            autoescape=False,
-        )
-        worker = env.get_template("worker.service.j2").render(
-            service=SERVICE,
-            group="prefill",
-            runtime="podman",
-            volumes=plan_vars["pd_volumes"],
-            memlock=plan_vars["pd_memlock"],
-            privileged=plan_vars["pd_privileged"],
-            start_timeout=plan_vars["pd_start_timeout"],
-            stop_timeout=plan_vars["pd_stop_timeout"],
-            config_dir=where["config_dir"],
-            container=where["groups"]["prefill"]["container"],
-        )
-        router = env.get_template("router.service.j2").render(
-            service=SERVICE,
-            router=plan_vars["pd_router"],
-            python=f"{where['smg_venv_prefix']}{plan_vars['pd_router']['smg_version']}/bin/python",
-            launcher=where["router_launcher"],
-            config_dir=where["config_dir"],
-        )
+        worker = role_templates.worker_unit(plan_vars, "prefill", "podman", trim_blocks=trim_blocks)
+        router = role_templates.router_unit(plan_vars, trim_blocks=trim_blocks)
         assert worker == worker_unit
         assert router == router_unit
     # What production asks for; the lab's runtime grants what this machine can (crun_clamp.py).
