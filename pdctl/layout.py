@@ -28,7 +28,7 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 
 # ---------------------------------------------------------------- fixed places
 UNIT_DIR = "/etc/systemd/system"
-# The only command pdctl and the scaler run on a worker host (templates/pdctl-unitctl.sh);
+# The only command pdctl and the scaler run on a worker host (pd_worker's pdctl-unitctl.sh.j2);
 # authorized_keys and sudoers name it, so it cannot move with a plan.
 UNITCTL = "/usr/local/libexec/pdctl-unitctl"
 SUDOERS_DIR = "/etc/sudoers.d"
