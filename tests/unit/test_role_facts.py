@@ -94,7 +94,7 @@ def test_the_preflight_expectations_have_one_home() -> None:
         assert specs["options"][var]["default"] == value, var
         assert expect[on_host.get(param, param)] == value, var
         assert "default" not in options[param] and options[param]["required"], param
-    assert hardware.DEFAULT_PROVIDER_LIB == home.provider_lib
+    assert home.provider_lib == hardware.DEFAULT_PROVIDER_LIB
     # Every fleet setting the role checks is one PREFLIGHT_VARS maps, and nothing else.
     assert set(PREFLIGHT_VARS) == {
         var for var in defaults if var.removeprefix("pd_preflight_") in options
