@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from pdctl.cli.app import App, pass_app
+from pdctl.core.layout import GROUPS
 from pdctl.scaler import control
 from pdctl.scaler.daemon import log, run_on_host, service_lock, stop_on_signals
 from pdctl.scaler.metrics import serve_metrics
@@ -61,7 +62,7 @@ def run(
 
 @click.command()
 @click.argument("service")
-@click.argument("group", type=click.Choice(["prefill", "decode"]))
+@click.argument("group", type=click.Choice(GROUPS))
 @click.argument("count", metavar="N|auto")
 @pass_app
 def scale(app: App, service: str, group: str, count: str) -> None:

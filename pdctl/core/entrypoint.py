@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pdctl.core import launch as launches
+from pdctl.core import layout
 from pdctl.core.launch import Launch, LaunchError
 from pdctl.core.shell import (
     CommandError,
@@ -47,11 +48,9 @@ __all__ = [
     "worker_script",
 ]
 
-PORT = "$PDCTL_PORT"
-
-HOST = "$PDCTL_HOST"
-
-BOOTSTRAP_PORT = "$PDCTL_BOOTSTRAP_PORT"
+PORT = f"${layout.ENV_PORT}"
+HOST = f"${layout.ENV_HOST}"
+BOOTSTRAP_PORT = f"${layout.ENV_BOOTSTRAP_PORT}"
 
 
 def worker_script(

@@ -1,6 +1,6 @@
 """Why a unit did not become healthy: what the roles' health waits saw, as data.
 
-The roles wait on templates/unit-probe.py (HTTP status, the unit's state and restart count,
+The roles wait on pdctl/onhost/unit_probe.py (HTTP status, the unit's state and restart count,
 its journal) for every worker slot, the router and the scaler. A run that fails there
 leaves those probes in its task results; this turns them into one record per unit, so the
 operator reads the reason (the worker's own last log lines) in pdctl's error, not only in

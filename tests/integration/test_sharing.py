@@ -78,7 +78,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def test_b_lands_on_what_a_left_free_and_both_answer(fleet: Fleet) -> None:
     fleet.deploy("a")
     preview = fleet.plan("b")
-    assert preview["warnings"] == []  # every host was read
+    # every host was read (the lab's hosts have no fabric check on record: pdctl says so)
+    assert [w for w in preview["warnings"] if not w.startswith("fabric: ")] == []
     fleet.deploy("b")
     plans = {}
     for name in ("a", "b"):

@@ -4,9 +4,11 @@ Read-only: it runs the vendor tools and reads files, and never changes the host.
 request on stdin, built by the role's task from its variables:
 
   host, kind (gpu | cpu), provider_lib, storage_paths     required
-  expected_gpus, gpu_model, gpu_vendor, expected_nics, nic_driver, nic_prefix, link_layer,
-  gid_index, min_disk_gb                                   the fleet's expectations
-                                                           (checks.Expectations' when absent)
+  expected_gpus, gpu_model, gpu_vendor, expected_nics, nic_driver, link_layer, gid_index,
+  min_disk_gb                                              the fleet's expectations, required:
+                                                           the role passes the fleet's
+                                                           (FleetSettings is their home)
+  nic_prefix                                               optional (the driver's usual one)
   peers                                                    [address, port] pairs that must
                                                            accept TCP
 
@@ -55,7 +57,20 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "storage_paths": (list,),
     "peers": (list,),
 }
-_REQUIRED = ("host", "kind", "provider_lib", "storage_paths")
+_REQUIRED = (
+    "host",
+    "kind",
+    "expected_gpus",
+    "gpu_model",
+    "gpu_vendor",
+    "expected_nics",
+    "nic_driver",
+    "link_layer",
+    "provider_lib",
+    "gid_index",
+    "min_disk_gb",
+    "storage_paths",
+)
 
 
 def read(data: object) -> tuple[str, Expectations, dict[str, Any]]:

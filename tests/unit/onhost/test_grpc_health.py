@@ -170,10 +170,10 @@ PLAYBOOK = """
   gather_facts: false
   vars_files: [{vars}]
   tasks:
-    - name: Probe as the pd_worker role does
+    - name: Probe as the pd_health role does
       ansible.builtin.command:
-        argv: "{{{{ _pd_worker_unit_probe.argv + ['{url}', 'x.service', '5'] }}}}"
-        stdin: "{{{{ _pd_worker_unit_probe.stdin }}}}"
+        argv: "{{{{ pd_health_probe.argv + ['{url}', 'x.service', '5'] }}}}"
+        stdin: "{{{{ pd_health_probe.stdin }}}}"
       register: probe
     - name: Keep what it printed
       ansible.builtin.copy:
@@ -183,14 +183,14 @@ PLAYBOOK = """
 """
 
 
-def test_the_pd_worker_role_runs_the_probe_from_its_bundle(server: int, tmp_path: Path) -> None:
-    """The role's own variable (roles/pd_worker/vars/main.yml) and the pd_onhost lookup, run by
-    Ansible with the project's ansible.cfg: the probe and its gRPC call reach python3 as one
-    bundle."""
+def test_the_pd_health_probe_runs_from_its_bundle(server: int, tmp_path: Path) -> None:
+    """What the playbooks give the pd_health role (playbooks/group_vars/all.yml: the pd_onhost
+    lookup), run by Ansible with the project's ansible.cfg as the role's wait does: the probe and
+    its gRPC call reach python3 as one bundle."""
     playbook = tmp_path / "probe.yml"
     playbook.write_text(
         PLAYBOOK.format(
-            vars=REPO / "roles/pd_worker/vars/main.yml",
+            vars=REPO / "playbooks/group_vars/all.yml",
             url=f"grpc://127.0.0.1:{server}",
             out=tmp_path / "out.json",
         )

@@ -188,7 +188,20 @@ def test_the_entries_run_on_each_python(python: str, health: int, tmp_path: Path
     }
     where = {"config_root": str(tmp_path), "unit_dir": str(tmp_path), "router_units": "pd-*.x"}
     assert run("pdctl.onhost.holdings_probe", [], where) == {"slots": [], "listeners": []}
-    preflight = {"host": "h", "kind": "cpu", "provider_lib": "/x", "storage_paths": ["/"]}
+    preflight = {
+        "host": "h",
+        "kind": "cpu",
+        "expected_gpus": 8,
+        "gpu_model": "",
+        "gpu_vendor": "any",
+        "expected_nics": 8,
+        "nic_driver": "auto",
+        "link_layer": "auto",
+        "provider_lib": "/x",
+        "gid_index": 3,
+        "min_disk_gb": 1.0,
+        "storage_paths": ["/"],
+    }
     report = run("pdctl.onhost.hardware.preflight", [], preflight)
     assert {c["name"] for c in report["checks"]} >= {"systemd", "disk", "runtime"}
     assert report["facts"]["python"].startswith("3.9." if "3.9" in python else "3.")

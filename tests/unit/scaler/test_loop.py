@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pdctl.core import layout
 from pdctl.core.plan import Plan, Slot, build
 from pdctl.core.spec import parse
 from pdctl.doors.router import Worker
@@ -211,6 +212,7 @@ def test_an_unreachable_replica_is_logged_once_and_its_data_goes_stale(
 # -------------------------------------------------- a tick when a host or a replica stops answering
 
 
+@pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     return make_keys(tmp_path_factory.mktemp("keys"))
 
@@ -295,7 +297,7 @@ def test_a_host_that_stops_answering_is_replaced_elsewhere_and_fenced_on_return(
         10,
     )
     assert world.unit("decode/1").state == "active"  # untouched: its host cannot be reached
-    assert world.files["scaler.json"] and "decode/1" in world.files["scaler.json"]  # fenced
+    assert "decode/1" in world.files[layout.SCALER_STATE]  # fenced
 
     def never_twice() -> None:
         assert "decode/1" not in world.registered("decode"), world.logged[-10:]
