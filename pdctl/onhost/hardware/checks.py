@@ -658,7 +658,9 @@ def _check_roce_gid(host: str, view: View, expect: Expectations) -> Check:
     )
 
 
-def _check_perftest(host: str, raw: dict[str, Any]) -> Check:
+def _check_perftest(host: str, raw: dict[str, Any], expect: Expectations) -> Check:
+    if not _expected_nics(expect):  # a host with no RDMA NIC has no fabric to test
+        return Check("perftest", True, f"{host}: no RDMA NIC expected")
     tools = raw.get("tools")
     if not isinstance(tools, dict):
         return Check("perftest", False, f"{host}: perftest was not probed (re-run the check)")
@@ -838,7 +840,7 @@ def evaluate(host: str, document: Mapping[str, Any], expect: Expectations) -> li
         "rdma_ports": lambda: _check_rdma_ports(host, raw, view, expect),
         "provider_lib": lambda: _check_provider_lib(host, raw, view, expect),
         "roce_gid": lambda: _check_roce_gid(host, view, expect),
-        "perftest": lambda: _check_perftest(host, raw),
+        "perftest": lambda: _check_perftest(host, raw, expect),
         "runtime": lambda: _check_runtime(host, view),
         "memlock": lambda: _check_memlock(host, raw, view),
         "disk": lambda: _check_disk(host, raw, expect),
