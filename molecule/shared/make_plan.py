@@ -10,11 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from pdctl.core import plan, spec
-from pdctl.doors import inventory
-from pdctl.doors.workspace import Workspace
+from pdctl import deploy, drift, inventory, plan, spec
 from pdctl.lab import manager
-from pdctl.operations import deploy, drift
+from pdctl.workspace import Workspace
 
 
 def main() -> None:
@@ -24,7 +22,7 @@ def main() -> None:
     for host in fleet.hosts:
         host.name = names[host.address]
     service, env = spec.load(spec_path, os.environ)
-    # The extra-vars pdctl itself passes: the plan, plus the packages the scaler needs.
+    # The extra-vars pdctl itself passes: the plan, plus a clean copy of pdctl for the scaler.
     digest = drift.secrets_digest(
         drift.stored_key(workspace, service.name), env.secrets, os.environ
     )

@@ -1,0 +1,1 @@
+../../../pdctl/hardware.py
