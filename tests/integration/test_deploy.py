@@ -269,20 +269,25 @@ class Client(threading.Thread):
             time.sleep(0.1)
 
 
-def serving(svc: Service, role: str) -> int:
-    """Replicas of ROLE running and registered with the router, read live."""
-    replicas = svc.status()["groups"][role]["replicas"]
-    return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
+def serving(groups: dict[str, Any]) -> tuple[int, int]:
+    """Replicas of prefill and of decode running and registered with the router."""
+
+    def count(role: str) -> int:
+        replicas = groups[role]["replicas"]
+        return sum(1 for r in replicas if r["state"] == "active" and r["registered"])
+
+    return count("prefill"), count("decode")
 
 
 def pin(svc: Service, prefill: int, decode: int) -> None:
-    """Pin both groups' counts and wait until exactly that many replicas serve."""
+    """Pin both groups' counts and wait until exactly that many replicas serve (a replica
+    takes seconds to start and register: one status a poll, every 2 s)."""
     svc.pdctl("scale", SERVICE, "prefill", str(prefill))
     svc.pdctl("scale", SERVICE, "decode", str(decode))
     deadline = time.monotonic() + 120
-    while (serving(svc, "prefill"), serving(svc, "decode")) != (prefill, decode):
-        assert time.monotonic() < deadline, svc.status()
-        time.sleep(1)
+    while serving(groups := svc.status()["groups"]) != (prefill, decode):
+        assert time.monotonic() < deadline, groups
+        time.sleep(2)
 
 
 def release(svc: Service) -> None:

@@ -139,7 +139,7 @@ def test_scale_decode_to_two_still_serves(svc: Service) -> None:
     deadline = time.monotonic() + 120
     while svc.serving("decode") != 2:
         assert time.monotonic() < deadline, svc.status()
-        time.sleep(1)
+        time.sleep(2)
     key, endpoint = svc.key(), svc.status()["endpoint"]
     for text in ("one", "two", "three", "four"):  # round robin: both decodes answer
         status, body = chat(endpoint, text, key, timeout=20)
