@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Lab, pdctl, require_lab, start_lab
+from tests.shared_lab import SharedLab
+from tests.support import Lab
 
 # The lab modules, longest first (a loaded 2-core run with --durations=0; rough is enough).
 # `make test` runs modules side by side (--dist loadfile) in collection order
@@ -46,13 +47,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def lab3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """A 3-host lab for the session: node1 is a CPU host, node2 and node3 GPU hosts."""
-    require_lab()
-    home = tmp_path_factory.mktemp("lab3")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
+def shared_labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedLab]:
+    """The session's 3-host lab, booted when a module first borrows it (tests/shared_lab.py)."""
+    labs = SharedLab(tmp_path_factory)
+    yield labs
+    labs.close()
+
+
+@pytest.fixture(scope="module")
+def shared_lab(shared_labs: SharedLab, request: pytest.FixtureRequest) -> Iterator[Lab]:
+    """The session's 3-host lab (node1 a CPU host, node2 and node3 AMD GPU hosts, added as fleet
+    `lab`), clean, for this module; what the module left is destroyed at its end, and the hosts
+    must then be clean."""
+    module = request.module.__name__
+    lab = shared_labs.borrow(module)
     yield lab
-    pdctl(home, "lab", "down")
+    shared_labs.give_back(module)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,12 @@ class Lab:
     """A running lab in its own workspace."""
 
     home: Path
+    # `pdctl --json fleet add`'s document, when the lab was added as fleet `lab` (lab_fleet()).
+    fleet_added: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    # Each host's name, address, user, identity file and kind, read once: they hold for the
+    # lab's life (faults and power cycles keep them), and every `pdctl lab status` is a whole
+    # CLI run. status() and host() read live.
+    _hosts: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
 
     def status(self) -> dict[str, Any]:
         doc: dict[str, Any] = pdctl_json(self.home, "lab", "status")
@@ -162,15 +168,22 @@ class Lab:
     def host(self, name: str) -> dict[str, Any]:
         return next(h for h in self.status()["hosts"] if h["name"] == name)
 
+    def hosts(self) -> list[dict[str, Any]]:
+        """Every host's lasting facts (name, address, user, identity file, kind), read once."""
+        if not self._hosts:
+            keep = ("name", "address", "port", "user", "identity_file", "kind")
+            self._hosts = [{k: h[k] for k in keep} for h in self.status()["hosts"]]
+        return self._hosts
+
     def node_at(self, address: str) -> str:
         """The lab node name of a host address as pdctl reports it."""
-        return str(next(h["name"] for h in self.status()["hosts"] if h["address"] == address))
+        return str(next(h["name"] for h in self.hosts() if h["address"] == address))
 
     def gpu_hosts(self) -> list[str]:
-        return [h["name"] for h in self.status()["hosts"] if h["kind"] == "gpu"]
+        return [h["name"] for h in self.hosts() if h["kind"] == "gpu"]
 
     def cpu_hosts(self) -> list[str]:
-        return [h["name"] for h in self.status()["hosts"] if h["kind"] == "cpu"]
+        return [h["name"] for h in self.hosts() if h["kind"] == "cpu"]
 
     def ssh(
         self,
@@ -184,7 +197,7 @@ class Lab:
     ) -> subprocess.CompletedProcess[str]:
         """Run a command on a lab host through the real ssh client (``host``: the host's entry
         of an earlier status(), which saves asking pdctl again)."""
-        host = host or self.host(name)
+        host = host or next(h for h in self.hosts() if h["name"] == name)
         argv = [
             "ssh",
             "-i",
@@ -280,7 +293,11 @@ def lab_fleet(tmp_path_factory: pytest.TempPathFactory, name: str) -> Lab:
     """A 3-host lab (node1 without GPUs) in a fresh workspace, added as fleet `lab`."""
     require_lab()
     lab = start_lab(tmp_path_factory.mktemp(name), hosts=3, cpu_hosts=1)
-    pdctl(lab.home, *lab.status()["fleet_add"].split()[1:])
+    added = pdctl(lab.home, "--json", *lab.status()["fleet_add"].split()[1:], check=False)
+    if added.returncode != 0:
+        pdctl(lab.home, "lab", "down", check=False)
+        raise AssertionError(f"fleet add exited {added.returncode}\n{added.stdout}{added.stderr}")
+    lab.fleet_added = json.loads(added.stdout)
     return lab
 
 
@@ -290,12 +307,19 @@ LAB_SCALING = (
 )
 
 
+def renamed(spec_text: str, name: str) -> str:
+    """The lab spec (examples/lab/pd.yml) as service ``name``: a module on the shared lab
+    deploys under a name of its own."""
+    assert spec_text.count("\nname: pdlab\n") == 1
+    return spec_text.replace("\nname: pdlab\n", f"\nname: {name}\n")
+
+
 def lab_service(spec_text: str, name: str, port: int, metrics_port: int, count: int = 1) -> str:
     """The lab spec (examples/lab/pd.yml) as service ``name`` with ``count`` prefill and
     ``count`` decode replicas (fixed: no scaling, no spares), its router on ``port`` and
     metrics on ``metrics_port`` (two services' routers on one host need their own)."""
     assert spec_text.count(LAB_SCALING) == 2 and "port: 8000\nmodel:" in spec_text
-    text = spec_text.replace("name: pdlab\n", f"name: {name}\n")
+    text = renamed(spec_text, name)
     text = text.replace(LAB_SCALING, f"  - count: {count}\n")
     text = text.replace("port: 8000\nmodel:", f"port: {port}\nmodel:")
     router = "  router:\n    health_check_interval"  # under pdctl:

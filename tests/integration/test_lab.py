@@ -23,6 +23,12 @@ from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab, wait_f
 PROVIDER_WARNING = "libibverbs: Warning: couldn't load driver 'libbnxt_re-rdmav34.so'"
 
 
+@pytest.fixture(scope="module")
+def lab3(shared_lab: Lab) -> Lab:
+    """The session's shared 3-host lab: these tests clear their faults and remove what they run."""
+    return shared_lab
+
+
 @pytest.fixture
 def clean_faults(lab3: Lab) -> Iterator[Lab]:
     yield lab3

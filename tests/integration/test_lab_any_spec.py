@@ -9,7 +9,7 @@ the real hub serves it), the fleet carries the lab's wheelhouse (`pip install sm
 without internet), the router keeps its 30000 on the CPU host and each worker gets 30000 on
 its own host, pdctl's defaults ask for `--ulimit memlock=-1:-1` (RDMA) and the workers run
 privileged. The lab grants what this machine can (its runtime clamps rlimits, reported as
-emulated). The tests run in file order and share one deployment.
+emulated). The tests run in file order and share one deployment, on the session's shared lab.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 import yaml
 
 from pdctl.lab.runtime import crun_clamp
-from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, start_lab
+from tests.support import Lab, chat, pdctl, pdctl_json
 
 SERVICE = "amd-sglang-pd-service"  # the file's own name
 CONF = f"/etc/pdctl/{SERVICE}"
@@ -82,15 +81,11 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    require_lab()
-    home = tmp_path_factory.mktemp("anyspec")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
-    status = lab.status()
-    fleet = pdctl_json(home, *status["fleet_add"].split()[1:])
-    found = Deployment(lab=lab, spec=DSTACK_FILE, token=f"hf_{uuid.uuid4().hex}", fleet=fleet)
-    yield found
-    pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
+def deployment(shared_lab: Lab) -> Deployment:
+    """The shared lab, added as fleet `lab` with the line `lab status` prints."""
+    token = f"hf_{uuid.uuid4().hex}"
+    fleet = shared_lab.fleet_added
+    return Deployment(lab=shared_lab, spec=DSTACK_FILE, token=token, fleet=fleet)
 
 
 def test_the_file_is_a_dstack_file_with_no_pdctl_settings(deployment: Deployment) -> None:

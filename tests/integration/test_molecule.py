@@ -1,7 +1,9 @@
-"""Each role's molecule scenario (converge, idempotence, verify) on its own 3-host lab.
+"""Each role's molecule scenario (converge, idempotence, verify) on a 3-host lab.
 
 The scenarios live under molecule/ and share .config/molecule/config.yml; molecule itself runs
-them, exactly as `molecule test -s pd_worker` from the checkout would.
+them, as `molecule test -s pd_worker` from the checkout would, on the session's shared lab
+(PDCTL_MOLECULE_WORKSPACE, molecule/shared/create.yml): each scenario starts on clean hosts, and
+its destroy step cleans them for the next.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_lab
+from tests.support import Lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
@@ -27,13 +29,13 @@ def test_every_role_has_a_scenario() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario: str, tmp_path: Path) -> None:
-    require_lab()
+def test_scenario(scenario: str, shared_lab: Lab) -> None:
     bin_dir = str(Path(sys.executable).parent)
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "NO_COLOR": "1",
+        "PDCTL_MOLECULE_WORKSPACE": str(shared_lab.home),
     }
     proc = subprocess.run(
         [f"{bin_dir}/molecule", "test", "-s", scenario],

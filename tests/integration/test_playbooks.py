@@ -1,4 +1,4 @@
-"""deploy.yml and destroy.yml, run by the real ansible-playbook on a 3-host lab.
+"""deploy.yml and destroy.yml, run by the real ansible-playbook on the session's shared lab.
 
 node1 (CPU) runs the router, node2 and node3 (GPU) the workers; SSH, sudo, systemd, podman
 and SMG are the real programs, only the GPUs and SGLang are stand-ins. The tests run in
@@ -16,7 +16,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,7 @@ from tests import role_templates
 from tests.support import (
     Lab,
     pdctl,
-    require_lab,
-    start_lab,
+    renamed,
     template_text,
     with_template_text,
 )
@@ -43,7 +41,7 @@ pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
-SERVICE = "pdlab"
+SERVICE = "lab-playbooks"
 CONF = f"/etc/pdctl/{SERVICE}"
 CONTAINER_LIB = "/usr/lib/x86_64-linux-gnu/libibverbs/libbnxt_re-rdmav34.so"
 NEW_IMAGE = "localhost/pdctl-lab/sglang-rocm:0.5.5-lab"
@@ -211,41 +209,35 @@ def _changed(run: Run) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    require_lab()
-    home = tmp_path_factory.mktemp("playbooks")
-    lab = start_lab(home, hosts=3, cpu_hosts=1)
-    try:
-        pdctl(home, *lab.status()["fleet_add"].split()[1:])
-        token = f"hf_{uuid.uuid4().hex}"
-        # Template text in the spec (an env value, a command) must reach the hosts as written.
-        canary = home / "controller-ran-a-lookup"
-        spec_file = home / "pd.yml"
-        spec_file.write_text(with_template_text(SPEC.read_text(), canary))
-        the_spec, env = spec.load(spec_file, {"HF_TOKEN": token})
-        fleet = inventory.load(Workspace(home), "lab")
-        planned = plan.build(the_spec, env, fleet, secrets_digest="")
-        extravars = planned.extravars()
-        plan_file = home / "plan.yml"
-        write_plan_file(planned, plan_file)  # what `pdctl plan -o` writes for a pipeline
-        # A pipeline's first step: the model into the hosts' cache (`pdctl deploy` does it).
-        pdctl(home, "prefetch", str(spec_file), "--fleet", "lab", env={"HF_TOKEN": token})
-        hosts = {h["name"]: h for h in lab.status()["hosts"]}
-        nodes = {h["address"]: name for name, h in hosts.items()}
-        yield Deployment(
-            nodes=nodes,
-            hosts=hosts,
-            lab=lab,
-            token=token,
-            plan=extravars,
-            plan_file=plan_file,
-            canary=canary,
-            router=nodes[extravars["pd_router_host"]],
-            router_address=extravars["pd_router"]["address"],
-            workers=[nodes[h] for h in extravars["pd_worker_hosts"]],
-        )
-    finally:
-        pdctl(home, "lab", "down")
+def deployment(shared_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    lab, here = shared_lab, tmp_path_factory.mktemp("playbooks")
+    token = f"hf_{uuid.uuid4().hex}"
+    # Template text in the spec (an env value, a command) must reach the hosts as written.
+    canary = here / "controller-ran-a-lookup"
+    spec_file = here / "pd.yml"
+    spec_file.write_text(with_template_text(renamed(SPEC.read_text(), SERVICE), canary))
+    the_spec, env = spec.load(spec_file, {"HF_TOKEN": token})
+    fleet = inventory.load(Workspace(lab.home), "lab")
+    planned = plan.build(the_spec, env, fleet, secrets_digest="")
+    extravars = planned.extravars()
+    plan_file = here / "plan.yml"
+    write_plan_file(planned, plan_file)  # what `pdctl plan -o` writes for a pipeline
+    # A pipeline's first step: the model into the hosts' cache (`pdctl deploy` does it).
+    pdctl(lab.home, "prefetch", str(spec_file), "--fleet", "lab", env={"HF_TOKEN": token})
+    hosts = {h["name"]: h for h in lab.status()["hosts"]}
+    nodes = {h["address"]: name for name, h in hosts.items()}
+    return Deployment(
+        nodes=nodes,
+        hosts=hosts,
+        lab=lab,
+        token=token,
+        plan=extravars,
+        plan_file=plan_file,
+        canary=canary,
+        router=nodes[extravars["pd_router_host"]],
+        router_address=extravars["pd_router"]["address"],
+        workers=[nodes[h] for h in extravars["pd_worker_hosts"]],
+    )
 
 
 # --------------------------------------------------------------------------- deploy

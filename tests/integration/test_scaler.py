@@ -1,8 +1,8 @@
 """The scaler end to end on a 3-host lab: load drives both groups up and back down,
 a killed worker comes back, and a scaler killed mid scale-in leaves nothing orphaned.
 
-The scaler under test is the deployed one: pd-pdlab-scaler.service on the router
-host, reaching the worker hosts with its restricted key.
+The scaler under test is the deployed one: pd-lab-scaler-scaler.service on the router
+host, reaching the worker hosts with its restricted key, on the session's shared lab.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from pdctl.core import layout
-from tests.support import Lab, lab_fleet, pdctl, service_status, wait_for
+from tests.support import Lab, pdctl, renamed, service_status, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
-SERVICE = "pdlab"
+SERVICE = "lab-scaler"
 
 
 @dataclass
@@ -107,16 +107,15 @@ class Load(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    lab = lab_fleet(tmp_path_factory, "scaler")
-    home = lab.home
+def deployed(shared_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
-    pdctl(home, "deploy", str(SPEC), "--fleet", "lab", "-y", env=env)
-    d = Deployed(lab=lab, env=env)
+    spec = tmp_path_factory.mktemp("scaler") / "pd.yml"
+    spec.write_text(renamed(SPEC.read_text(), SERVICE))
+    pdctl(shared_lab.home, "deploy", str(spec), "--fleet", "lab", "-y", env=env)
+    d = Deployed(lab=shared_lab, env=env)
     d.endpoint = d.status()["endpoint"]
     d.key = d.root("node1", f"cat /etc/pdctl/{SERVICE}/router.env").strip().split("=", 1)[1]
-    yield d
-    pdctl(home, "lab", "down")  # the hosts go with the service and its scaler
+    return d
 
 
 def both(doc: dict[str, Any], running: int, registered: int | None = None) -> bool:

@@ -5,7 +5,7 @@ Service a (one prefill and one decode replica, no spares: 8 of the 16 GPUs) depl
 Service b then lands on the GPUs a left, with no (host, GPU) and no (host, port) in common,
 and both answer. Service c no longer fits and is refused naming who holds the GPUs: from
 this workspace's plans, and from the hosts themselves in a workspace that never deployed a
-or b. The tests run in file order and share the lab.
+or b. The tests run in file order on the session's shared lab.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 from pdctl.core.plan import Plan
-from tests.support import Lab, assert_apart, chat, lab_fleet, lab_service, pdctl
+from tests.support import Lab, assert_apart, chat, lab_service, pdctl
 
 pytestmark = pytest.mark.lab
 
@@ -36,6 +35,7 @@ PORTS = {"a": (8000, 29000), "b": (8001, 29001), "c": (8002, 29002)}
 class Fleet:
     lab: Lab
     env: dict[str, str]
+    specs: Path  # the services' spec files
 
     def pdctl(self, *args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
         return pdctl(home or self.lab.home, *args, env=self.env, check=False)
@@ -44,7 +44,7 @@ class Fleet:
         return json.loads(self.pdctl("--json", *args, home=home).stdout)
 
     def spec(self, name: str) -> str:
-        return str(self.lab.home / f"{name}.yml")
+        return str(self.specs / f"{name}.yml")
 
     def deploy(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = self.json("deploy", self.spec(name), "--fleet", "lab", "-y")
@@ -65,14 +65,11 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    lab = lab_fleet(tmp_path_factory, "sharing")
-    home = lab.home
+def fleet(shared_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    specs = tmp_path_factory.mktemp("sharing")
     for name, (port, metrics) in PORTS.items():
-        (home / f"{name}.yml").write_text(lab_service(SPEC.read_text(), name, port, metrics))
-    shared = Fleet(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"})
-    yield shared
-    pdctl(home, "lab", "down")  # the hosts go with the services: no destroy needed
+        (specs / f"{name}.yml").write_text(lab_service(SPEC.read_text(), name, port, metrics))
+    return Fleet(lab=shared_lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}, specs=specs)
 
 
 def test_b_lands_on_what_a_left_free_and_both_answer(fleet: Fleet) -> None:

@@ -4,7 +4,7 @@ systemd, podman, SMG).
 A worker that cannot start fails the deploy soon after systemd gives up on it, with its own
 log line in pdctl's error; `status` shows the service as failed with that line; `destroy`
 removes everything. The same after pdctl is killed part-way through a first deploy; the next
-deploy then serves. The tests run in file order on one lab.
+deploy then serves. The tests run in file order on the session's shared lab.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,10 @@ import pytest
 from tests.support import (
     PREFILL_LAUNCH,
     Lab,
-    lab_fleet,
     pdctl,
     pdctl_json,
     private_tmp,
+    renamed,
     service_status,
 )
 
@@ -36,16 +35,21 @@ pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd.yml"
-SERVICE = "pdlab"
+SERVICE = "lab-undo"
 CRASH_LINE = "pdctl-test: cannot load the model weights"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    lab = lab_fleet(tmp_path_factory, "undo")
-    home = lab.home
-    yield lab
-    pdctl(home, "lab", "down")  # the hosts go with the service: no destroy needed
+def lab(shared_lab: Lab) -> Lab:
+    return shared_lab
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab example, as this module's service."""
+    path = tmp_path_factory.mktemp("undo") / "pd.yml"
+    path.write_text(renamed(SPEC.read_text(), SERVICE))
+    return path
 
 
 ENV = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
@@ -69,17 +73,17 @@ def _leftovers(lab: Lab) -> dict[str, str]:
 
 
 def test_a_worker_that_cannot_start_fails_the_deploy_with_its_own_log(
-    lab: Lab, tmp_path: Path
+    lab: Lab, spec: Path, tmp_path: Path
 ) -> None:
     # The prefill's command dies at once, as a worker does that cannot load its model. The start
     # timeout is long: the deploy must end because systemd gave up, not because time ran out.
-    text = SPEC.read_text().replace("start_timeout: 2m", "start_timeout: 15m")
+    text = spec.read_text().replace("start_timeout: 2m", "start_timeout: 15m")
     crash = f"      - \"echo '{CRASH_LINE}' >&2 && false\"\n"
-    spec = tmp_path / "broken.yml"
-    spec.write_text(text.replace(PREFILL_LAUNCH, crash + PREFILL_LAUNCH, 1))
+    broken = tmp_path / "broken.yml"
+    broken.write_text(text.replace(PREFILL_LAUNCH, crash + PREFILL_LAUNCH, 1))
     started = time.monotonic()
     proc = pdctl(
-        lab.home, "--json", "deploy", str(spec), "--fleet", "lab", "-y", check=False, env=ENV
+        lab.home, "--json", "deploy", str(broken), "--fleet", "lab", "-y", check=False, env=ENV
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 4, proc.stdout + proc.stderr
@@ -123,10 +127,10 @@ def _ansible_runs(home: Path) -> list[str]:
     ]
 
 
-def test_a_killed_first_deploy_is_undone_and_the_next_serves(lab: Lab) -> None:
+def test_a_killed_first_deploy_is_undone_and_the_next_serves(lab: Lab, spec: Path) -> None:
     env = {**os.environ, **ENV, "PDCTL_HOME": str(lab.home), "TMPDIR": str(private_tmp(lab.home))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pdctl", "deploy", str(SPEC), "--fleet", "lab", "-y"],
+        [sys.executable, "-m", "pdctl", "deploy", str(spec), "--fleet", "lab", "-y"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -149,7 +153,7 @@ def test_a_killed_first_deploy_is_undone_and_the_next_serves(lab: Lab) -> None:
     assert doc["state"] == "failed", doc
     pdctl(lab.home, "destroy", SERVICE, "-y", env=ENV)
     assert _leftovers(lab) == {}
-    done = pdctl_json(lab.home, "deploy", str(SPEC), "--fleet", "lab", "-y", env=ENV)
+    done = pdctl_json(lab.home, "deploy", str(spec), "--fleet", "lab", "-y", env=ENV)
     assert done["converged"] is True
     key = service_status(lab.home, SERVICE, ENV)
     assert key["state"] == "applied"

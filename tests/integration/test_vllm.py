@@ -4,9 +4,9 @@ The lab's vLLM stand-in image runs both of vLLM's gRPC entry points (`vllm serve
 prefill, `python -m vllm.entrypoints.grpc_server` for decode) with NixlConnector producer and
 consumer; its decode refuses a request without the prefill's kv_transfer_params and fetches
 the KV from the prefill's NIXL side channel, so a served chat proves the P->D handoff. SMG
-takes the tokenizer from the workers (the lab has no route out). One lab, one deployment, the
-checks in file order: everything is the real program (sshd, Ansible, systemd, podman, SMG,
-the scaler) but the GPUs and vLLM itself.
+takes the tokenizer from the workers (the lab has no route out). The session's shared lab, one
+deployment, the checks in file order: everything is the real program (sshd, Ansible, systemd,
+podman, SMG, the scaler) but the GPUs and vLLM itself.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import Lab, chat, lab_fleet, pdctl, service_status
+from tests.support import Lab, chat, pdctl, service_status
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "lab" / "pd-vllm.yml"
@@ -62,11 +61,8 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    lab = lab_fleet(tmp_path_factory, "vllm")
-    service = Service(lab=lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"})
-    yield service
-    pdctl(lab.home, "lab", "down")  # the hosts go with the service: no destroy needed
+def svc(shared_lab: Lab) -> Service:
+    return Service(lab=shared_lab, env={"HF_TOKEN": f"hf_{uuid.uuid4().hex}"})
 
 
 def stream_chat(endpoint: str, text: str, key: str) -> list[str]:
@@ -138,17 +134,12 @@ def test_workers_are_registered_over_grpc_with_their_side_channels(svc: Service)
     assert "--enable-igw" in unit
 
 
-def test_logs_show_a_vllm_replicas_journal(svc: Service) -> None:
-    lines = svc.pdctl("logs", SERVICE, "decode/1", "-n", "5").stdout.splitlines()
-    assert 1 <= len(lines) <= 5 and all(f"pd-{SERVICE}-decode-1" in line for line in lines)
-
-
 def test_scale_decode_to_two_still_serves(svc: Service) -> None:
     svc.pdctl("scale", SERVICE, "decode", "2")
     deadline = time.monotonic() + 120
     while svc.serving("decode") != 2:
         assert time.monotonic() < deadline, svc.status()
-        time.sleep(1)
+        time.sleep(2)
     key, endpoint = svc.key(), svc.status()["endpoint"]
     for text in ("one", "two", "three", "four"):  # round robin: both decodes answer
         status, body = chat(endpoint, text, key, timeout=20)
