@@ -153,7 +153,7 @@ def test_bad_unit_names_and_probe_urls_are_refused(tmp_path: Path) -> None:
 
 
 def test_wait_probes_every_unit_until_healthy_or_failed() -> None:
-    answers = {"a.service": [0, 0, 200], "b.service": [0, "failed"]}
+    answers: dict[str, list[int | str]] = {"a.service": [0, 0, 200], "b.service": [0, "failed"]}
 
     def probe(url: str, unit: str, timeout: float) -> dict[str, Any]:
         seen = answers[unit].pop(0)
