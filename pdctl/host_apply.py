@@ -326,7 +326,7 @@ def container_labels(spec: dict[str, Any]) -> dict[str, str]:
 
 
 def wait_healthy(
-    units: list[dict[str, Any]], probe: Probe, timeout: float, interval: float, probe_timeout: float
+    units: list[dict[str, str]], probe: Probe, timeout: float, interval: float, probe_timeout: float
 ) -> list[dict[str, Any]]:
     """Probe every unit until each answers 200, or systemd gave up on it (failed), or the
     deadline: all at once, each round. One entry per unit: its last probe and how many."""
@@ -337,7 +337,7 @@ def wait_healthy(
         for target in list(pending):
             seen = probe(target["probe_url"], target["unit"], probe_timeout)
             seen["probes"] = results.get(target["unit"], {}).get("probes", 0) + 1
-            seen.update(unit=target["unit"], probe_url=target["probe_url"])
+            seen.update(target)
             results[target["unit"]] = seen
             if seen.get("status") == 200 or seen.get("state") == "failed":
                 pending.remove(target)
@@ -354,8 +354,24 @@ def _wait_targets(request: dict[str, Any]) -> list[dict[str, str]]:
         url = target.get("probe_url") if isinstance(target, dict) else None
         if not isinstance(url, str) or not re.match(r"(https?|grpc)://", url):
             raise RequestError(f"not a probe URL: {url!r}")
-        targets.append({"unit": _unit(target.get("unit")), "probe_url": url})
+        name = target.get("name")
+        unit = _unit(target.get("unit"))
+        targets.append(
+            {"unit": unit, "probe_url": url, "name": name if isinstance(name, str) else unit}
+        )
     return targets
+
+
+def _unhealthy(health: dict[str, Any]) -> str:
+    journal = str(health.get("journal") or "").strip().splitlines()[-JOURNAL_LINES:]
+    return (
+        f"{health['name']} ({health['unit']}) is not healthy: {health['probe_url']} answered "
+        f"{health.get('status') or 'nothing'}, unit {health.get('state')} after "
+        f"{health.get('restarts', 0)} restart(s), {health['probes']} probe(s); "
+        "its journal ends with:\n"
+        + "\n".join(f"    | {line}" for line in journal)
+        + f"\nSee journalctl -u {health['unit']} on the host."
+    )
 
 
 def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]:
@@ -424,12 +440,7 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
         sick = [h for h in health if h.get("status") != 200]
         if sick:
             report["failed"] = True
-            report["msg"] = "; ".join(
-                f"{h['unit']} is not healthy ({h['probe_url']} answered "
-                f"{h.get('status') or 'nothing'}, unit {h.get('state')} after "
-                f"{h.get('restarts', 0)} restart(s)) after {h['probes']} probe(s)"
-                for h in sick
-            )
+            report["msg"] = "\n".join(_unhealthy(h) for h in sick)
     return report
 
 
