@@ -11,15 +11,21 @@ secrets' values) are written 0600 and never appear in the report, in a diff or i
 The request (JSON on stdin, after the bundle):
 
     {"check": bool, "diff": bool,
-     "dirs":  [{"path", "mode"}],
-     "files": [{"path", "mode", "content"} | {"path", "mode", "secret_env": [NAME...]}],
+     "users": [{"name", "home", "shell"}],  # system users, made when missing (no password)
+     "dirs":  [{"path", "mode", "owner"?}],
+     "files": [{"path", "mode", "owner"?, "validate"?: "visudo",
+                "content" | "secret_env": [NAME...] | "match" + "line"}],
      "secrets": {NAME: value},              # the values secret_env files are made of
      "units":  [UNIT...],                   # whose ActiveState the report gives (before)
      "start":  [UNIT...],                   # started and enabled; a failed one reset first
      "restart": {UNIT: [PATH...]},          # restarted when one of its files changed
      "labels": {"runtime", "containers": {KEY: CONTAINER}, "label"},  # config label of each
                                             # running container (a rollout's stale slots)
-     "wait":  {"units": [{"unit", "probe_url"}], "timeout", "interval", "probe_timeout"}}
+     "wait":  {"units": [{"unit", "probe_url", "name"?}], "timeout", "interval",
+               "probe_timeout"}}
+
+A file's owner is a user (root by default; the group is the user's own). A "match" + "line"
+file is shared: only the line holding match is this request's, the others stay as they are.
 
 Everything is data: paths must be absolute and plain, modes octal, unit names systemd's; a
 request that breaks that changes nothing and fails with the reason. A unit file among the
@@ -31,6 +37,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -45,6 +52,7 @@ from typing import Any
 
 UNIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._:-]*\.(service|socket|timer|target)")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 MODE = re.compile(r"0?[0-7]{3,4}")
 UNIT_DIRS = ("/etc/systemd/system/", "/usr/lib/systemd/system/", "/run/systemd/system/")
 COMMAND_TIMEOUT = 120.0  # one systemctl or runtime call
@@ -65,10 +73,13 @@ class File:
     mode: int
     content: bytes | None  # None: a secret file, made from secret_env names
     secret_env: list[str] = field(default_factory=list)
+    owner: str = "root"  # a user; the group is its primary group
+    validate: str | None = None  # "visudo": installed only if `visudo -cf` accepts it
+    line: tuple[str, str] | None = None  # (match, line): only the line holding match is ours
 
     @property
     def secret(self) -> bool:
-        return self.content is None
+        return self.content is None and self.line is None
 
 
 def _path(value: Any) -> str:
@@ -98,25 +109,46 @@ def _units(values: Any) -> list[str]:
     return [_unit(v) for v in values]
 
 
+def _owner(value: Any) -> str:
+    if value is None:
+        return "root"
+    if not isinstance(value, str) or not USER.fullmatch(value):
+        raise RequestError(f"not a user name: {value!r}")
+    return value
+
+
+def _file(entry: Any) -> File:
+    if not isinstance(entry, dict):
+        raise RequestError(f"not a file entry: {entry!r}")
+    path, mode, owner = (
+        _path(entry.get("path")),
+        _mode(entry.get("mode")),
+        _owner(entry.get("owner")),
+    )
+    validate = entry.get("validate")
+    if validate not in {None, "visudo"}:
+        raise RequestError(f"{path}: unknown validation {validate!r} (visudo is the one known)")
+    if "secret_env" in entry:
+        names = entry["secret_env"]
+        if not isinstance(names, list) or not all(
+            isinstance(n, str) and ENV_NAME.fullmatch(n) for n in names
+        ):
+            raise RequestError(f"{path}: secret_env is not a list of variable names")
+        if mode & 0o077:
+            raise RequestError(f"{path}: a secret file must not be readable by others")
+        return File(path, mode, None, list(names), owner, validate)
+    if isinstance(entry.get("line"), str) and isinstance(entry.get("match"), str):
+        line, match = entry["line"], entry["match"]
+        if not match or match not in line or "\n" in line:
+            raise RequestError(f"{path}: a line must be one line holding its match")
+        return File(path, mode, None, [], owner, validate, (match, line))
+    if isinstance(entry.get("content"), str):
+        return File(path, mode, entry["content"].encode(), [], owner, validate)
+    raise RequestError(f"{path}: neither content, secret_env nor line")
+
+
 def parse_files(request: dict[str, Any]) -> list[File]:
-    files = []
-    for entry in request.get("files") or []:
-        if not isinstance(entry, dict):
-            raise RequestError(f"not a file entry: {entry!r}")
-        path, mode = _path(entry.get("path")), _mode(entry.get("mode"))
-        if "secret_env" in entry:
-            names = entry["secret_env"]
-            if not isinstance(names, list) or not all(
-                isinstance(n, str) and ENV_NAME.fullmatch(n) for n in names
-            ):
-                raise RequestError(f"{path}: secret_env is not a list of variable names")
-            if mode & 0o077:
-                raise RequestError(f"{path}: a secret file must not be readable by others")
-            files.append(File(path, mode, None, list(names)))
-        elif isinstance(entry.get("content"), str):
-            files.append(File(path, mode, entry["content"].encode()))
-        else:
-            raise RequestError(f"{path}: neither content nor secret_env")
+    files = [_file(entry) for entry in request.get("files") or []]
     seen = set()
     for item in files:
         if item.path in seen:
@@ -140,6 +172,13 @@ def secret_content(item: File, secrets: dict[str, Any]) -> bytes:
     return "".join(lines).encode()
 
 
+def with_line(before: bytes | None, match: str, line: str) -> bytes:
+    """The file's lines with the one holding ``match`` replaced by ``line`` (appended when
+    none does): other services' lines stay as they are."""
+    kept = [old for old in (before or b"").decode().splitlines() if match not in old]
+    return "".join(f"{old}\n" for old in [*kept, line]).encode()
+
+
 def _read(path: str) -> bytes | None:
     try:
         return Path(path).read_bytes()
@@ -154,21 +193,33 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def _owned_by_root(st: os.stat_result) -> bool:
-    return st.st_uid == 0 and st.st_gid == 0
+def _ids(owner: str) -> tuple[int, int] | None:
+    """(uid, gid) of ``owner``; None while it does not exist (check mode, before its creation)."""
+    try:
+        found = pwd.getpwnam(owner)
+    except KeyError:
+        return None
+    return found.pw_uid, found.pw_gid
 
 
-def _write(path: str, data: bytes, mode: int) -> None:
+def _write(path: str, data: bytes, mode: int, owner: str, validate: str | None) -> None:
     """Replace ``path`` at once: a reader sees the old file or the new one, never a part."""
     fd, temp = tempfile.mkstemp(dir=Path(path).parent, prefix=".pdctl-")
     try:
         os.fchmod(fd, mode)
-        if os.geteuid() == 0:
-            os.fchown(fd, 0, 0)
+        ids = _ids(owner)
+        if os.geteuid() == 0 and ids is not None:
+            os.fchown(fd, *ids)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        if validate == "visudo":
+            checked = _run(["visudo", "-cf", temp])
+            if checked.returncode != 0:
+                raise ApplyError(
+                    f"{path}: visudo refused it: {checked.stdout.strip()} {checked.stderr.strip()}"
+                )
         Path(temp).replace(path)
     except BaseException:
         with suppress(FileNotFoundError):
@@ -185,49 +236,71 @@ def _diff(path: str, before: bytes | None, after: bytes) -> str:
 
 @dataclass
 class Changes:
-    """What converging the files takes, found before anything is changed."""
+    """What converging the host takes, found before anything is changed."""
 
-    dirs: list[tuple[str, int, bool]] = field(default_factory=list)  # (path, mode, exists)
+    users: list[dict[str, str]] = field(default_factory=list)
+    dirs: list[tuple[str, int, str, bool]] = field(
+        default_factory=list
+    )  # path, mode, owner, exists
     files: list[tuple[File, bytes]] = field(default_factory=list)  # (File, its content)
     diffs: list[str] = field(default_factory=list)
 
     @property
     def paths(self) -> list[str]:
-        return [path for path, _, _ in self.dirs] + [item.path for item, _ in self.files]
+        return (
+            [f"user {user['name']}" for user in self.users]
+            + [path for path, _, _, _ in self.dirs]
+            + [item.path for item, _ in self.files]
+        )
 
 
-def _dir_entries(request: dict[str, Any]) -> list[tuple[str, int]]:
+def _users(request: dict[str, Any]) -> list[dict[str, str]]:
+    users = []
+    for entry in request.get("users") or []:
+        if not isinstance(entry, dict):
+            raise RequestError(f"not a user entry: {entry!r}")
+        name = _owner(entry.get("name"))
+        shell = entry.get("shell", "/bin/sh")
+        users.append({"name": name, "home": _path(entry.get("home")), "shell": _path(shell)})
+    return users
+
+
+def _dir_entries(request: dict[str, Any]) -> list[tuple[str, int, str]]:
     entries = []
     for entry in request.get("dirs") or []:
         if not isinstance(entry, dict):
             raise RequestError(f"not a directory entry: {entry!r}")
-        entries.append((_path(entry.get("path")), _mode(entry.get("mode"))))
+        entries.append(
+            (_path(entry.get("path")), _mode(entry.get("mode")), _owner(entry.get("owner")))
+        )
     return entries
 
 
-def _differs(st: os.stat_result, mode: int) -> bool:
-    return (st.st_mode & 0o7777) != mode or (os.geteuid() == 0 and not _owned_by_root(st))
+def _differs(st: os.stat_result, mode: int, owner: str) -> bool:
+    if (st.st_mode & 0o7777) != mode:
+        return True
+    if os.geteuid() != 0:
+        return False  # a test's own files: ownership is not ours to set
+    ids = _ids(owner)
+    return ids is None or (st.st_uid, st.st_gid) != ids
 
 
 def changes(request: dict[str, Any], files: list[File], diff: bool) -> Changes:
-    """Every directory and file that differs from the request: read-only, and refusing
+    """Every user, directory and file that differs from the request: read-only, and refusing
     (RequestError) anything it could not converge, so that a refusal changes nothing."""
-    found = Changes()
+    found = Changes(users=[u for u in _users(request) if _ids(u["name"]) is None])
     made = set()
-    for path, mode in _dir_entries(request):
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            found.dirs.append((path, mode, False))
+    for path, mode, owner in _dir_entries(request):
+        now = _lstat(path)
+        if now is None:
+            found.dirs.append((path, mode, owner, False))
             made.add(path)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
+        elif not stat.S_ISDIR(now.st_mode):
             raise RequestError(f"{path} exists and is not a directory")
-        if _differs(st, mode):
-            found.dirs.append((path, mode, True))
+        elif _differs(now, mode, owner):
+            found.dirs.append((path, mode, owner, True))
     secrets = request.get("secrets") or {}
     for item in files:
-        data = item.content if item.content is not None else secret_content(item, secrets)
         folder = str(Path(item.path).parent)
         if folder not in made and not Path(folder).is_dir():
             raise RequestError(
@@ -237,7 +310,13 @@ def changes(request: dict[str, Any], files: list[File], diff: bool) -> Changes:
         if now is not None and not stat.S_ISREG(now.st_mode):
             raise RequestError(f"{item.path} exists and is not a regular file")
         before = _read(item.path) if now is not None else None
-        if now is not None and before == data and not _differs(now, item.mode):
+        if item.line is not None:
+            data = with_line(before, *item.line)
+        elif item.content is None:
+            data = secret_content(item, secrets)
+        else:
+            data = item.content
+        if now is not None and before == data and not _differs(now, item.mode, item.owner):
             continue
         found.files.append((item, data))
         if diff and not item.secret and before != data:
@@ -246,14 +325,30 @@ def changes(request: dict[str, Any], files: list[File], diff: bool) -> Changes:
 
 
 def converge(found: Changes) -> None:
-    for path, mode, exists in found.dirs:
+    for user in found.users:
+        done = _run(
+            [
+                "useradd",
+                "--system",
+                "--create-home",
+                "--home-dir",
+                user["home"],
+                "--shell",
+                user["shell"],
+                user["name"],
+            ]
+        )
+        if done.returncode != 0:
+            raise ApplyError(f"useradd {user['name']} failed: {done.stderr.strip()}")
+    for path, mode, owner, exists in found.dirs:
         if not exists:
             Path(path).mkdir(mode=mode, parents=True, exist_ok=True)
         Path(path).chmod(mode)
-        if os.geteuid() == 0:
-            os.chown(path, 0, 0)
+        ids = _ids(owner)
+        if os.geteuid() == 0 and ids is not None:
+            os.chown(path, *ids)
     for item, data in found.files:
-        _write(item.path, data, item.mode)
+        _write(item.path, data, item.mode, item.owner, item.validate)
 
 
 def _run(argv: list[str], timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:

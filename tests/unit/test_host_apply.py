@@ -204,3 +204,58 @@ def test_the_entry_reads_stdin_and_prints_one_report(tmp_path: Path) -> None:
         "failed": True,
         "msg": "refused, nothing changed: not an absolute path: 'x'",
     }
+
+
+def test_a_shared_file_keeps_the_other_lines_and_replaces_its_own(tmp_path: Path) -> None:
+    keys = tmp_path / "authorized_keys"
+    keys.write_text('command="x --ssh other" ssh-ed25519 AAAA other\n')
+    entry = {
+        "path": str(keys),
+        "mode": "0600",
+        "match": '--ssh svc"',
+        "line": 'restrict,command="x --ssh svc" ssh-ed25519 BBBB svc',
+    }
+    first = host_apply.apply({"files": [entry], "diff": True})
+    assert first["files"] == [str(keys)]
+    assert keys.read_text().splitlines() == [
+        'command="x --ssh other" ssh-ed25519 AAAA other',
+        'restrict,command="x --ssh svc" ssh-ed25519 BBBB svc',
+    ]
+    assert not host_apply.apply({"files": [entry]})["changed"]
+    rotated = {**entry, "line": 'restrict,command="x --ssh svc" ssh-ed25519 CCCC svc'}
+    host_apply.apply({"files": [rotated]})
+    assert keys.read_text().splitlines()[1:] == [rotated["line"]]
+    assert mode(keys) == 0o600
+
+
+def test_a_file_of_a_user_not_made_yet_is_a_change_in_check_mode(tmp_path: Path) -> None:
+    entry = {"path": str(tmp_path / "f"), "mode": "0600", "content": "x\n", "owner": "pdctl-nobody"}
+    report = host_apply.apply(
+        {
+            "check": True,
+            "users": [{"name": "pdctl-nobody", "home": str(tmp_path / "home")}],
+            "files": [entry],
+        }
+    )
+    assert report["changed"] and report["files"] == ["user pdctl-nobody", str(tmp_path / "f")]
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({"owner": "Root; rm -rf /"}, "not a user name"),
+        ({"validate": "sh -c true"}, "unknown validation"),
+        ({"content": None, "match": "a", "line": "b"}, "one line holding its match"),
+        ({"content": None, "match": "a", "line": "a\nEVIL"}, "one line holding its match"),
+    ],
+)
+def test_owners_validations_and_lines_are_checked(
+    tmp_path: Path, entry: dict[str, Any], reason: str
+) -> None:
+    bad: dict[str, Any] = {"path": str(tmp_path / "f"), "mode": "0644", "content": "x\n", **entry}
+    if bad["content"] is None:
+        bad.pop("content")
+    with pytest.raises(host_apply.RequestError, match=reason):
+        host_apply.apply({"files": [bad]})
+    assert not (tmp_path / "f").exists()
