@@ -14,7 +14,7 @@ R = B / A (higher is better):
 - deploy-growth: how pdctl's first deploy grows with the fleet: R = (H/S)·t(S) / t(H) for
   S = --small and H = --hosts hosts (4 and 16: 4·t(4)/t(16); R = H/S means flat, 1 linear).
 - redeploy: a no-op redeploy versus the first deploy (--hosts hosts): pdctl's quick check
-  reads every host and finds nothing to converge (pdctl/drift.py).
+  reads every host and finds nothing to converge (pdctl/operations/drift.py).
 - check: `fleet check` versus the same checks host after host.
 - scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
   scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
@@ -71,7 +71,7 @@ from bench.lablib import (
     percentile,
     stopwatch,
 )
-from pdctl import spec
+from pdctl.core import spec
 
 NAMES = (
     "scaler-sim",
