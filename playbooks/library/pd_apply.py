@@ -96,6 +96,9 @@ def main() -> None:
     diffs = report.pop("diff", None) or []
     if diffs and module._diff:
         report["diff"] = [{"prepared": text} for text in diffs]
+    # Not the arguments back (the bundle and every file's text, per host): what ran and what
+    # changed say it; -vvv shows the arguments as they were sent.
+    report["invocation"] = {"module_args": {"onhost": {"argv": onhost["argv"]}}}
     if report.pop("failed", False):
         module.fail_json(**report)
     module.exit_json(**report)
