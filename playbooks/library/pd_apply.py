@@ -26,11 +26,14 @@ description:
     start, units to wait for) and returns its report. Supports check mode and diff mode.
 options:
   onhost:
-    description: The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply); argv and stdin.
+    description: >-
+      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply): argv and stdin.
     type: dict
     required: true
   request:
-    description: The desired state (pdctl/onhost/host_apply.py documents it); check, diff and secrets are set here.
+    description: >-
+      The desired state (pdctl/onhost/host_apply.py documents it); the module sets check,
+      diff and secrets in it.
     type: dict
     required: true
   secrets:
@@ -38,7 +41,9 @@ options:
     type: dict
     default: {}
   refuse:
-    description: Problems found on the controller; when any, the module fails with them and changes nothing.
+    description: >-
+      Problems found on the controller; when any, the module fails with them and changes
+      nothing.
     type: list
     elements: str
     default: []
@@ -92,7 +97,9 @@ def main() -> None:
     try:
         report = json.loads(out)
     except ValueError:
-        module.fail_json(msg=f"the host-side step did not report (exit {rc}): {err.strip()[-2000:]}")
+        module.fail_json(
+            msg=f"the host-side step did not report (exit {rc}): {err.strip()[-2000:]}"
+        )
     diffs = report.pop("diff", None) or []
     if diffs and module._diff:
         report["diff"] = [{"prepared": text} for text in diffs]

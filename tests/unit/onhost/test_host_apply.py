@@ -1,5 +1,5 @@
-"""The host-side apply step (pdctl/onhost/host_apply.py) on real files: idempotence, check mode, diff,
-secrets kept out of the report, and refusals that change nothing. Its systemd half runs on the
+"""The host-side apply step (pdctl/onhost/host_apply.py) on real files: idempotence, check mode,
+diff, secrets kept out of the report, and refusals that change nothing. Its systemd half runs on the
 lab hosts (tests/integration/test_playbooks.py); here the request names no unit."""
 
 from __future__ import annotations
