@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import yaml
@@ -26,6 +27,7 @@ DEFAULTS_CFG = """\
 [defaults]
 roles_path = {roles}
 lookup_plugins = {lookups}
+library = {library}
 host_key_checking = True
 retry_files_enabled = False
 gathering = implicit
@@ -41,8 +43,11 @@ pipelining = False
 
 
 def defaults_playbook(name: str, out: Path) -> Path:
-    """pdctl's playbook with every play gathering facts (Ansible's default `gather_facts`)."""
-    plays = yaml.safe_load(content.playbook(name).read_text())
+    """pdctl's playbook with every play gathering facts (Ansible's default `gather_facts`),
+    with the group_vars Ansible reads beside a playbook (what the roles take from the content)."""
+    source = content.playbook(name)
+    shutil.copytree(source.parent / "group_vars", out / "group_vars", dirs_exist_ok=True)
+    plays = yaml.safe_load(source.read_text())
     for play in plays:
         if "hosts" in play and "import_playbook" not in play:
             play["gather_facts"] = True
@@ -53,8 +58,14 @@ def defaults_playbook(name: str, out: Path) -> Path:
 
 def defaults_config(out: Path) -> Path:
     path = out / "ansible-defaults.cfg"
-    lookups = content.content_root() / "playbooks" / "lookup_plugins"
-    path.write_text(DEFAULTS_CFG.format(roles=content.roles_dir(), lookups=lookups))
+    playbooks = content.content_root() / "playbooks"
+    path.write_text(
+        DEFAULTS_CFG.format(
+            roles=content.roles_dir(),
+            lookups=playbooks / "lookup_plugins",
+            library=playbooks / "library",
+        )
+    )
     return path
 
 

@@ -8,6 +8,11 @@ R = B / A (higher is better):
 - deploy: first deploy of a service filling the lab (two `:4` slots per GPU host), pdctl as
   shipped versus the same playbook under Ansible's defaults, at --small and at --hosts hosts.
   Each deploy starts from hosts without the worker image.
+- deploy-cpu: the controller's CPU seconds of those two first deploys at --hosts hosts (the
+  process tree of each: pdctl or ansible-playbook, their workers, ssh, Mitogen), the lab
+  hosts' own work left out.
+- deploy-growth: how pdctl's first deploy grows with the fleet: R = (H/S)·t(S) / t(H) for
+  S = --small and H = --hosts hosts (4 and 16: 4·t(4)/t(16); R = H/S means flat, 1 linear).
 - redeploy: a no-op redeploy versus the first deploy (--hosts hosts): pdctl's quick check
   reads every host and finds nothing to converge (pdctl/operations/drift.py).
 - check: `fleet check` versus the same checks host after host.
@@ -82,6 +87,7 @@ NAMES = (
 BIG_LAB = {"check", "deploy", "redeploy", "scale-action", "model-fanout"}
 STARTED = time.monotonic()
 CONTROLLER_CPU: dict[int, float] = {}  # hosts -> CPU seconds of pdctl's first deploy's process tree
+BASELINE_CPU: dict[int, float] = {}  # hosts -> the same for the Ansible-defaults deploy
 
 
 def progress(message: str) -> None:
@@ -105,6 +111,18 @@ def timed_deploy(lab: BenchLab, spec: Path, first: bool = True) -> tuple[float, 
     if first:
         CONTROLLER_CPU[lab.hosts] = mine[0]
     return took[0], doc
+
+
+def baseline_deploy(lab: BenchLab, spec: Path) -> float:
+    """Seconds of the Ansible-defaults deploy; its controller CPU: BASELINE_CPU."""
+    with cpu_busy() as busy, controller_cpu() as mine:
+        took = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{lab.hosts}")
+    progress(
+        f"baseline deploy took {took:.1f} s with the CPU {busy[0]:.0%} busy (all cores); "
+        f"the controller's share {mine[0]:.1f} CPU s"
+    )
+    BASELINE_CPU[lab.hosts] = mine[0]
+    return took
 
 
 def reset(lab: BenchLab) -> None:
@@ -136,7 +154,7 @@ def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
         times["pdctl"], _ = timed_deploy(lab, spec)
         reset(lab)
         progress(f"deploy under Ansible's defaults on {hosts} hosts")
-        times["baseline"] = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
+        times["baseline"] = baseline_deploy(lab, spec)
         result(line("deploy", times["pdctl"], times["baseline"], hosts))
 
     if "deploy" in wanted:
@@ -234,14 +252,18 @@ def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, f
         if "deploy" in wanted:
             reset(lab)
             progress(f"deploy under Ansible's defaults on {hosts} hosts")
-            slow = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{hosts}")
+            slow = baseline_deploy(lab, spec)
             result(line("deploy", first, slow, hosts))
+            result(line("deploy-cpu", CONTROLLER_CPU[hosts], BASELINE_CPU[hosts], hosts))
             if small.get("pdctl"):
                 few = int(small.get("hosts", 0))
+                result(line("deploy-growth", first, hosts / few * small["pdctl"], hosts))
                 result(
                     f"note: pdctl's deploy at {hosts} hosts took {first / small['pdctl']:.2f}x "
                     f"its time at {few} hosts; its controller's CPU "
-                    f"{CONTROLLER_CPU.get(hosts, 0):.1f} s vs {CONTROLLER_CPU.get(few, 0):.1f} s"
+                    f"{CONTROLLER_CPU.get(hosts, 0):.1f} s vs {CONTROLLER_CPU.get(few, 0):.1f} s; "
+                    f"the baseline's {BASELINE_CPU.get(hosts, 0):.1f} s vs "
+                    f"{BASELINE_CPU.get(few, 0):.1f} s"
                 )
         fanout(wanted, lab)  # last: the link caps it sets would slow the deploys
 
@@ -297,15 +319,16 @@ def dry_run(hosts: int, small: int) -> None:
         spec.load(spec_path, lab.env)  # the spec pdctl would deploy is valid
         progress(f"spec for {count} hosts: valid")
     playbook = baseline.defaults_playbook("deploy.yml", out)
+    # Under the baseline's own config, as the benchmark runs it: every module and lookup found.
     lab.run(
         str(Path(sys.executable).with_name("ansible-playbook")),
         "--syntax-check",
         "-i",
         "localhost,",
         str(playbook),
+        env={**lab.env, "ANSIBLE_CONFIG": str(baseline.defaults_config(out))},
     )
-    baseline.defaults_config(out)
-    progress("baseline playbook (syntax checked) and config written")
+    progress("baseline playbook (syntax checked under its config) and config written")
     model_fanout.check_inputs()
     progress("model-fanout: the model id and the caps (the hub at a tenth of the links) hold")
     scale_warm.check_inputs(BenchLab(out, scale_warm.HOSTS))

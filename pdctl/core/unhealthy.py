@@ -122,13 +122,37 @@ class RunView(Protocol):
     def results(self) -> Sequence[TaskResultView]: ...
 
 
+def _from_apply(host: str, health: Any, masker: Masker) -> list[Unhealthy]:
+    """The units a pd_apply step waited for in vain (its report's ``health``)."""
+    found = []
+    for entry in health if isinstance(health, list) else []:
+        if not isinstance(entry, dict) or entry.get("status") == 200:
+            continue
+        journal = masker.text(_text(entry.get("journal"), 65536)).splitlines()
+        found.append(
+            Unhealthy(
+                replica=_text(entry.get("name")) or _text(entry.get("unit")) or "unknown",
+                host=host,
+                unit=_text(entry.get("unit")),
+                state=_text(entry.get("state"), 32) or "unknown",
+                restarts=_int(entry.get("restarts")),
+                status=_int(entry.get("status")),
+                journal=[line[:_LINE_MAX] for line in journal[-JOURNAL_LINES:]],
+            )
+        )
+    return found
+
+
 def from_run(summary: RunView, secrets: Iterable[str] = ()) -> list[Unhealthy]:
-    """Every unit whose health wait failed in this run (one record per unit)."""
+    """Every unit whose health wait failed in this run (one record per unit): a pd_apply
+    step's (the workers') or a pd_health wait's (the router, the scaler, a rolled slot)."""
     masker = Masker(secrets)
     found: dict[tuple[str, str], Unhealthy] = {}
     for result in summary.results:
         if result.status != "failed" or result.ignored:
             continue
+        for unit in _from_apply(result.host, result.res.get("health"), masker):
+            found[(unit.host, unit.unit)] = unit
         for item in result.res.get("results") or []:
             if not isinstance(item, dict) or not item.get("failed"):
                 continue

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from typing import Any
 
 from pdctl.onhost.grpc_health import grpc_healthy
 
@@ -50,35 +51,36 @@ def _run(argv: list[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
 
-def main() -> None:
-    url, unit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def probe(url: str, unit: str, timeout: float) -> dict[str, Any]:
+    """One probe of ``unit``: what its URL answers, its state and restarts, and its journal
+    when not healthy (what main prints; host_apply's wait calls it too)."""
     found = status(url, timeout)
     shown = _run(["systemctl", "show", "--property=ActiveState,NRestarts", unit])
     props = dict(line.partition("=")[::2] for line in shown.splitlines())
     journal = ""
     if found != 200:
-        lines = str(JOURNAL_LINES)
         journal = _run(
             [
                 "journalctl",
                 f"_SYSTEMD_UNIT={unit}",
                 "--lines",
-                lines,
+                str(JOURNAL_LINES),
                 "--no-pager",
                 "--output",
                 "cat",
             ]
         )
-    print(
-        json.dumps(
-            {
-                "status": found,
-                "state": props.get("ActiveState", "unknown"),
-                "restarts": int(props.get("NRestarts") or 0),
-                "journal": journal,
-            }
-        )
-    )
+    return {
+        "status": found,
+        "state": props.get("ActiveState", "unknown"),
+        "restarts": int(props.get("NRestarts") or 0),
+        "journal": journal,
+    }
+
+
+def main() -> None:
+    url, unit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    print(json.dumps(probe(url, unit, timeout)))
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ def test_a_killed_first_deploy_is_undone_and_the_next_serves(lab: Lab, spec: Pat
     assert proc.stderr is not None
     deadline = time.monotonic() + 300
     for line in proc.stderr:  # kill it once the workers' play has begun changing hosts
-        if "Run the prefill and decode workers" in line or "Install the templated unit" in line:
+        if "Run the prefill and decode workers" in line or "Apply the host's worker units" in line:
             break
         assert time.monotonic() < deadline
     os.killpg(proc.pid, signal.SIGKILL)

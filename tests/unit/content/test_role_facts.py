@@ -127,7 +127,7 @@ def test_the_slot_env_names_are_spelled_in_one_place() -> None:
         assert used <= names, (path, used - names)
     assert set(holdings_probe.SLOT_KEYS) - {"VLLM_NIXL_SIDE_CHANNEL_PORT"} <= names
     # What the plan writes into a slot's env file, and the group's env file the role writes.
-    configure = (REPO / "roles/pd_worker/tasks/configure.yml").read_text()
+    configure = (REPO / "roles/pd_worker/vars/main.yml").read_text()
     assert {layout.ENV_IMAGE, layout.ENV_CONFIG} <= set(re.findall(ENV_NAME, configure))
 
 

@@ -25,6 +25,7 @@ TEMPLATE = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.DOTALL)
 RAW = re.compile(r"\{%-?\s*raw\s*-?%\}.*?\{%-?\s*endraw\s*-?%\}|\{#.*?#\}", re.DOTALL)
 QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 NAME = re.compile(r"(?<![\w.])(_{0,2}pd_[a-z0-9_]+)")
+TEMPLATE_LOOKUP = re.compile(r"lookup\(\s*'ansible\.builtin\.template',\s*'([^']+)'")
 
 
 def _load(path: Path) -> Any:
@@ -103,23 +104,24 @@ class Entry:
         return found
 
     def reads(self) -> set[str]:
-        """Every pd_ name the entry point reads, through vars/ and defaults/."""
+        """Every pd_ name the entry point reads, through vars/ and defaults/, and through the
+        role's templates (a template task's, or a template lookup's in an expression)."""
         seen: set[str] = set()
-        for doc in self.docs:
-            for expression in _expressions(doc):
-                seen |= _names(expression)
+        rendered: set[str] = set()
+        todo = [e for doc in self.docs for e in _expressions(doc)]
         for template in self.templates:
-            text = (self.root / "templates" / template).read_text()
-            for expression in _template_expressions(text):
-                seen |= _names(expression)
-        todo = list(seen)
+            rendered.add(template)
+            todo += _template_expressions((self.root / "templates" / template).read_text())
         while todo:
-            name = todo.pop()
-            for source in (self.vars, self.defaults):
-                for expression in _expressions(source.get(name)):
-                    for found in _names(expression) - seen:
-                        seen.add(found)
-                        todo.append(found)
+            expression = todo.pop()
+            for template in TEMPLATE_LOOKUP.findall(expression):
+                if template not in rendered:
+                    rendered.add(template)
+                    todo += _template_expressions((self.root / "templates" / template).read_text())
+            for name in _names(expression) - seen:
+                seen.add(name)
+                for source in (self.vars, self.defaults):
+                    todo += _expressions(source.get(name))
         return seen
 
 
@@ -196,8 +198,10 @@ def test_one_task_file_waits_for_health() -> None:
         "roles/pd_router/tasks/run.yml",
         "roles/pd_scaler/tasks/run.yml",
         "roles/pd_worker/tasks/restart.yml",
-        "roles/pd_worker/tasks/run.yml",
     ]
+    # The worker hosts' one step (pd_apply) waits on the host, with the same probe.
+    applying = (REPO / "pdctl/onhost/host_apply.py").read_text()
+    assert "apply(request, probe=unit_probe.probe)" in applying
 
 
 def _includes(value: Any, role: str) -> bool:

@@ -6,7 +6,7 @@ Hypothesis feeds arbitrary strings (control characters, Unicode line separators,
 `%`, `$`, template syntax) into each field that reaches a host; the spec is parsed and
 planned as pdctl does, and the files are rendered from the project's own templates: the
 roles' unit templates with plain Jinja2 from the plan's extra-vars (the lab tests hold that
-equal to what the roles write) and the env files from the pd_worker role's own task text.
+equal to what the roles write) and the env files from the pd_worker role's own variables.
 """
 
 from __future__ import annotations
@@ -35,17 +35,13 @@ ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def _role_template(name: str) -> str:
-    """The content template of one file the pd_worker role writes (configure.yml), named by
-    its pd_layout key."""
-    tasks = yaml.safe_load((ROOT / "roles/pd_worker/tasks/configure.yml").read_text())
-    for task in tasks:
-        for entry in (task.get("vars") or {}).get("_service", []):
-            if name in entry["path"]:
-                return str(entry["content"])
-    raise AssertionError(f"no {name} in configure.yml")
+    """The content template of one file the pd_worker role writes, by its role variable
+    (vars/main.yml: the host's state it sends in one step)."""
+    role_vars = yaml.safe_load((ROOT / "roles/pd_worker/vars/main.yml").read_text())
+    return str(role_vars[name])
 
 
-SERVICE_ENV = TEMPLATES.from_string(_role_template("service_env"))
+SERVICE_ENV = TEMPLATES.from_string(_role_template("_pd_worker_service_env"))
 
 
 def _fleet(gpu: dict[str, Any] | None = None) -> Fleet:

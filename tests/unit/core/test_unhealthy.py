@@ -55,6 +55,25 @@ def test_an_assert_over_probes_names_each_unit_with_its_journal() -> None:
     assert summary.results[0].message == "h2: not healthy"  # not "One or more items failed"
 
 
+def test_a_pd_apply_step_names_each_unhealthy_unit_with_its_journal() -> None:
+    health = [
+        {"name": "prefill/0", "unit": "pd-s-prefill@0.service", "status": 200, "state": "active"},
+        {
+            "name": "prefill/1",
+            "unit": "pd-s-prefill@1.service",
+            "probe_url": "http://10.0.0.2:30001/health",
+            **json.loads(probe(0, "failed", 5, JOURNAL)),
+            "probes": 3,
+        },
+    ]
+    summary = RunSummary(2, "failed", [failed({"msg": "not healthy", "health": health}, "Apply")])
+    (unit,) = from_run(summary, [SECRET])
+    assert (unit.replica, unit.host, unit.unit) == ("prefill/1", "h2", "pd-s-prefill@1.service")
+    assert (unit.state, unit.restarts, unit.status) == ("failed", 5, 0)
+    assert unit.journal[-1] == "crun: setrlimit RLIMIT_NOFILE: Operation not permitted"
+    assert "token=***" in unit.journal and SECRET not in json.dumps(unit.journal)
+
+
 def test_a_probe_whose_retries_ran_out_is_read_too() -> None:
     item = {
         "failed": True,

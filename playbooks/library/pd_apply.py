@@ -1,0 +1,115 @@
+#!/usr/bin/python
+"""The pd_apply module: a role's whole desired state for a host, applied in one step.
+
+It runs pdctl's host-side apply step (pdctl/onhost/host_apply.py, as the pd_onhost lookup gives
+it: argv and stdin) with the request on its stdin, and turns its report into the task's result:
+changed, failed with the step's message, the diffs of the files it changed (--diff), check mode
+(--check: the step reports and changes nothing). Secret values come in ``secrets``, a no_log
+option: Ansible masks them in every output, and they reach the step on its stdin only, never in
+an argv or a file.
+
+Beside the playbooks, Ansible finds it for any of them; ansible.cfg names it for a playbook
+elsewhere (molecule's config too).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: pd_apply
+short_description: Apply a role's desired state to a host in one step (pdctl's host_apply)
+description:
+  - Runs pdctl/onhost/host_apply.py on the host with O(request) (its directories, files, units to
+    start, units to wait for) and returns its report. Supports check mode and diff mode.
+options:
+  onhost:
+    description: >-
+      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply): argv and stdin.
+    type: dict
+    required: true
+  request:
+    description: >-
+      The desired state (pdctl/onhost/host_apply.py documents it); the module sets check,
+      diff and secrets in it.
+    type: dict
+    required: true
+  secrets:
+    description: Secret values by name, for the files whose secret_env names them.
+    type: dict
+    default: {}
+  refuse:
+    description: >-
+      Problems found on the controller; when any, the module fails with them and changes
+      nothing.
+    type: list
+    elements: str
+    default: []
+author: pdctl
+"""
+
+RETURN = r"""
+files:
+  description: The paths changed (or that check mode would change).
+  type: list
+  returned: always
+before:
+  description: Each unit's ActiveState before the step.
+  type: dict
+  returned: always
+started:
+  description: The units started (check mode, that would be).
+  type: list
+  returned: always
+health:
+  description: Each waited unit's last probe (status, state, restarts, journal, probes).
+  type: list
+  returned: when the request waits
+"""
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "onhost": {"type": "dict", "required": True},
+            "request": {"type": "dict", "required": True},
+            "secrets": {"type": "dict", "default": {}, "no_log": True},
+            "refuse": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    if module.params["refuse"]:
+        module.fail_json(msg="; ".join(module.params["refuse"]), changed=False)
+    onhost = module.params["onhost"]
+    request = dict(
+        module.params["request"],
+        check=module.check_mode,
+        diff=module._diff,
+        secrets=module.params["secrets"],
+    )
+    rc, out, err = module.run_command(
+        [str(word) for word in onhost["argv"]],
+        data=str(onhost["stdin"]) + json.dumps(request),
+        binary_data=True,
+    )
+    try:
+        report = json.loads(out)
+    except ValueError:
+        module.fail_json(
+            msg=f"the host-side step did not report (exit {rc}): {err.strip()[-2000:]}"
+        )
+    diffs = report.pop("diff", None) or []
+    if diffs and module._diff:
+        report["diff"] = [{"prepared": text} for text in diffs]
+    # Not the arguments back (the bundle and every file's text, per host): what ran and what
+    # changed say it; -vvv shows the arguments as they were sent.
+    report["invocation"] = {"module_args": {"onhost": {"argv": onhost["argv"]}}}
+    if report.pop("failed", False):
+        module.fail_json(**report)
+    module.exit_json(**report)
+
+
+if __name__ == "__main__":
+    main()
