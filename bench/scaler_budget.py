@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,7 +174,7 @@ def _tick(
     return ledger
 
 
-def simulate(trace: dict[str, Sequence[float]], policy: str, warmup: float = WARMUP) -> Result:
+def simulate(trace: Mapping[str, Sequence[float]], policy: str, warmup: float = WARMUP) -> Result:
     services = {name: _service(name, trace[name][0]) for name in SERVICES}
     ledger = Ledger()
     result = Result()
@@ -215,7 +215,7 @@ def summary_line(results: dict[str, Result]) -> str:
     )
 
 
-def write(out: Path, trace: dict[str, Sequence[float]], results: dict[str, Result]) -> None:
+def write(out: Path, trace: Mapping[str, Sequence[float]], results: dict[str, Result]) -> None:
     columns = [f"{s}_{g}" for s in SERVICES for g in TARGETS] + ["gpus"]
     header = ["time", *(f"{s}_rps" for s in SERVICES)]
     header += [f"{p}_{c}" for p in POLICIES for c in columns]

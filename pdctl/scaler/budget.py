@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pdctl.scaler.decide import Decision, History
+from pdctl.scaler.decide import Action, Decision, History
 from pdctl.scaler.gpu_ledger import pressure
 
 
@@ -91,7 +91,7 @@ def hold(
     if granted >= asked:
         return Held(decision, None), after
     desired = decision.desired - (asked - granted)
-    action = (
+    action: Action = (
         "up" if desired > decision.current else "down" if desired < decision.current else "hold"
     )
     reason = (
