@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pdctl.scaler.budget import Need, hold, need, within_cap
+from pdctl.scaler.decide import Action, Decision, History
 from pdctl.scaler.gpu_ledger import (
     RESERVE_FOR,
     Answer,
@@ -237,3 +239,47 @@ def test_a_symlinked_ledger_is_not_followed(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         transact(path, lambda ledger: draw(ledger, ask("a", 2), 1))
     assert target.read_text() == "keep"
+
+
+# --------------------------------------------------------------------------- a decision held to it
+
+
+def decision(current: int, desired: int, value: float = 0.8, target: float = 0.4) -> Decision:
+    action: Action = "up" if desired > current else "down" if desired < current else "hold"
+    return Decision(
+        "prefill", current, desired, desired, action, "ttft 800 ms > target", "ttft", value, target
+    )
+
+
+def test_only_growth_above_the_floor_draws_from_the_budget() -> None:
+    assert need(decision(2, 2), 2, 1, 3, 4) is None  # a hold
+    assert need(decision(2, 1), 2, 1, 3, 4) is None  # a scale-in
+    assert need(decision(0, 1), 0, 1, 3, 4) is None  # back to min: counted already
+    grown = need(decision(0, 3), 0, 1, 3, 4)
+    assert grown is not None and grown.replicas == 2 and grown.gpus == 8
+    assert grown.pressure == pytest.approx(2.0)
+    one_slot = need(decision(2, 4), 2, 1, 1, 4)
+    assert one_slot is not None and (one_slot.replicas, one_slot.gpus) == (1, 4)
+
+
+def test_the_services_own_cap_cuts_in_whole_replicas_the_most_pressed_first() -> None:
+    needs = [Need("prefill", 2, 4, 1.2), Need("decode", 2, 2, 3.0)]
+    kept, why = within_cap(needs, using=8, max_gpus=14)
+    assert kept == [Need("decode", 2, 2, 3.0)]
+    assert "max_gpus 14: the service uses 8 GPU(s), room for 0 more of its 2" in why["prefill"]
+    assert within_cap(needs, 8, None) == (needs, {})
+
+
+def test_a_refused_scale_out_is_a_hold_that_says_so_and_leaves_no_cool_down() -> None:
+    before = History(last_scaled_at=10.0)
+    after = History(last_scaled_at=50.0)
+    held, history = hold(decision(2, 4), before, after, 2, 2, 0, "GPU budget: 0 granted")
+    assert held.decision.action == "hold" and held.decision.desired == 2
+    assert held.decision.reason.endswith("; refused: GPU budget: 0 granted")
+    assert held.refusal == "GPU budget: 0 granted"
+    assert history.last_scaled_at == 10.0
+    cut, history = hold(decision(2, 4), before, after, 2, 2, 1, "GPU budget: 4 of 8")
+    assert cut.decision.desired == 3 and cut.decision.action == "up"
+    assert "1 of 2 granted: GPU budget" in cut.decision.reason and history.last_scaled_at == 50.0
+    whole, history = hold(decision(2, 4), before, after, 2, 2, 2, "")
+    assert whole.refusal is None and whole.decision.desired == 4
