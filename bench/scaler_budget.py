@@ -159,7 +159,7 @@ def _tick(
             granted, why = grants[group_name]
             if granted < gpus:
                 result.refusals += 1
-            held, service.histories[group_name] = hold(
+            decisions[group_name], service.histories[group_name] = hold(
                 decisions[group_name],
                 befores[group_name],
                 service.histories[group_name],
@@ -168,7 +168,6 @@ def _tick(
                 granted // unit,
                 why,
             )
-            decisions[group_name] = held.decision
     for group_name, decision in decisions.items():
         service.groups[group_name].scale_to(decision.desired, now, warmup)
     return ledger

@@ -4,7 +4,7 @@ decision once the ledger (and the service's own ``max_gpus``) answered.
 Only growth draws from the budget: a scale-out the policy wants (``up`` on its signals or a
 pin). Restoring a group to its min count, replacing a lost or hung replica and scaling in take
 nothing new: the budget counted those replicas already. A refused or cut scale-out becomes a
-hold (or a smaller step) whose reason says so, and ``budget`` keeps the refusal for status and
+hold (or a smaller step) whose reason says so, and ``refusal`` keeps why for status and
 metrics; the group's History forgets the scaling that did not happen (no cool-down for it).
 """
 
@@ -69,14 +69,6 @@ def within_cap(
     return kept, why
 
 
-@dataclass(frozen=True)
-class Held:
-    """A decision after the budget, and the refusal it carries (None: it got what it asked)."""
-
-    decision: Decision
-    refusal: str | None
-
-
 def hold(
     decision: Decision,
     before: History,
@@ -85,11 +77,11 @@ def hold(
     asked: int,
     granted: int,
     why: str,
-) -> tuple[Held, History]:
-    """``decision`` given ``granted`` of the ``asked`` replicas above ``available``; the
-    group's History as if only what was granted happened."""
+) -> tuple[Decision, History]:
+    """``decision`` given ``granted`` of the ``asked`` replicas above ``available`` (its
+    ``refusal`` says why not all); the group's History as if only what was granted happened."""
     if granted >= asked:
-        return Held(decision, None), after
+        return decision, after
     desired = decision.desired - (asked - granted)
     action: Action = (
         "up" if desired > decision.current else "down" if desired < decision.current else "hold"
@@ -99,10 +91,10 @@ def hold(
         if granted == 0
         else (f"{decision.reason}; {granted} of {asked} granted: {why}")
     )
-    held = dataclasses.replace(decision, desired=desired, action=action, reason=reason)
+    held = dataclasses.replace(decision, desired=desired, action=action, reason=reason, refusal=why)
     history = (
         after
         if desired != decision.current
         else dataclasses.replace(after, last_scaled_at=before.last_scaled_at)
     )
-    return Held(held, why), history
+    return held, history

@@ -274,12 +274,12 @@ def test_a_refused_scale_out_is_a_hold_that_says_so_and_leaves_no_cool_down() ->
     before = History(last_scaled_at=10.0)
     after = History(last_scaled_at=50.0)
     held, history = hold(decision(2, 4), before, after, 2, 2, 0, "GPU budget: 0 granted")
-    assert held.decision.action == "hold" and held.decision.desired == 2
-    assert held.decision.reason.endswith("; refused: GPU budget: 0 granted")
+    assert held.action == "hold" and held.desired == 2
+    assert held.reason.endswith("; refused: GPU budget: 0 granted")
     assert held.refusal == "GPU budget: 0 granted"
     assert history.last_scaled_at == 10.0
     cut, history = hold(decision(2, 4), before, after, 2, 2, 1, "GPU budget: 4 of 8")
-    assert cut.decision.desired == 3 and cut.decision.action == "up"
-    assert "1 of 2 granted: GPU budget" in cut.decision.reason and history.last_scaled_at == 50.0
+    assert cut.desired == 3 and cut.action == "up" and cut.refusal == "GPU budget: 4 of 8"
+    assert "1 of 2 granted: GPU budget" in cut.reason and history.last_scaled_at == 50.0
     whole, history = hold(decision(2, 4), before, after, 2, 2, 2, "")
-    assert whole.refusal is None and whole.decision.desired == 4
+    assert whole.refusal is None and whole.desired == 4
