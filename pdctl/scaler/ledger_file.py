@@ -16,11 +16,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from pdctl.errors import HostError
-from pdctl.scaler.gpu_ledger import Ledger, load
+from pdctl.scaler.gpu_ledger import Answer, Ask, Ledger, draw, load
 
 LOCK_TIMEOUT = 2.0  # what a tick waits for the lock at most
 MAX_BYTES = 1 << 20  # a ledger of hundreds of services is a few tens of KB
@@ -100,3 +101,43 @@ def peek(path: Path) -> tuple[Ledger, str]:
     doc, problem = _read(path)
     ledger, note = load(doc)
     return ledger, problem or note
+
+
+@dataclass(frozen=True)
+class LedgerDoor:
+    """How a scaler reaches its fleet's ledger: ``draw`` (report, ask, take what is granted,
+    under the lock) or ``look`` (the answer a draw would get now; nothing written: advice)."""
+
+    draw: Callable[[Ask, float], tuple[Answer, str]]
+    look: Callable[[Ask, float], tuple[Answer, str]]
+
+
+def local(path: Path, timeout: float = LOCK_TIMEOUT) -> LedgerDoor:
+    """The ledger in a file on this host (the router host the budgeted scalers run on)."""
+
+    def take(ask: Ask, now: float) -> tuple[Answer, str]:
+        return transact(path, lambda ledger: draw(ledger, ask, now), timeout=timeout)
+
+    def look(ask: Ask, now: float) -> tuple[Answer, str]:
+        ledger, note = peek(path)
+        return draw(ledger, ask, now)[1], note
+
+    return LedgerDoor(take, look)
+
+
+def read_only(read: Callable[[], str | None]) -> LedgerDoor:
+    """A ledger read from elsewhere (over SSH, for `pdctl scaler advise`): look only."""
+
+    def look(ask: Ask, now: float) -> tuple[Answer, str]:
+        text = read()
+        try:
+            doc = json.loads(text) if text else None
+        except ValueError:
+            doc = None
+        ledger, note = load(doc)
+        return draw(ledger, ask, now)[1], note
+
+    def refuse(ask: Ask, now: float) -> tuple[Answer, str]:
+        raise HostError("this scaler only looks at the GPU ledger: it may not draw from it")
+
+    return LedgerDoor(refuse, look)

@@ -24,6 +24,7 @@ returns, stopped and disabled there before they can serve.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import math
@@ -43,8 +44,12 @@ from pdctl import layout
 from pdctl.errors import EnvironmentProblem, HostError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot
 from pdctl.router import Router, Worker, open_circuits, requests_total
+from pdctl.scaler.budget import hold, need, within_cap
 from pdctl.scaler.calls import Answer, Calls, gather
 from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
+from pdctl.scaler.engine_loads import EngineLoad
+from pdctl.scaler.gpu_ledger import Ask
+from pdctl.scaler.ledger_file import LedgerBusy, LedgerDoor
 from pdctl.scaler.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
@@ -54,6 +59,7 @@ from pdctl.scaler.observe import (
     gauge,
     histogram,
 )
+from pdctl.scaler.router_latency import Reading, RouterLatency
 from pdctl.scaler.watch import Watch
 from pdctl.slots import UNREACHABLE, Actuator, SlotState
 
@@ -120,6 +126,7 @@ class WorkerSignals:
     queue_per_replica: float | None = None
     inflight_per_replica: float | None = None
     serving: int | None = None  # replicas routed to (a started one serves once registered)
+    source: str | None = None  # a gRPC group's latency: which measurement it is
 
 
 @dataclass
@@ -174,6 +181,24 @@ class Metrics:
             "pdctl_scaler_replaced",
             "Replicas replaced for not answering",
             ["group", "reason"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "pdctl_scaler_budget_refusals",
+            "Scale-outs the GPU budget (the fleet's ledger, max_gpus) refused or cut",
+            ["group"],
+            registry=r,
+        )
+        self.gpus = Gauge(
+            "pdctl_scaler_gpus",
+            "GPUs: budget (the fleet's), fleet_used (every service's, as the ledger counts), "
+            "service (this service's replicas), max_gpus (its own cap)",
+            ["kind"],
+            registry=r,
+        )
+        self.advising = Gauge(
+            "pdctl_scaler_advise_only",
+            "1 while the scaler only advises (acts on nothing)",
             registry=r,
         )
 
@@ -234,7 +259,9 @@ class View:
     errors: dict[str, str]  # the hosts not read this tick: why
     workers: dict[str, Worker]  # the router's registrations, by URL
     health: dict[str, bool]  # running slots: whether the engine answered its health check
-    texts: dict[str, Answer[str]]  # latency groups' routed slots: their /metrics
+    texts: dict[str, Answer[str]]  # latency groups' routed HTTP slots: their /metrics
+    # latency groups' routed gRPC slots: their engines' GetLoads
+    loads: dict[str, Answer[EngineLoad]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -275,11 +302,18 @@ class Scaler:
         log: Log = print,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        advise: bool | None = None,
+        ledger: LedgerDoor | None = None,
     ) -> None:
         self.plan, self.actuator, self.router, self.store = plan, actuator, router, store
         failover = plan.failover
         self.interval = failover.interval if interval is None else interval
         self.log, self.clock = log, clock
+        # Advising: observe and decide, act on nothing (the spec's pdctl.scaling.mode, or
+        # `pdctl scaler advise` beside the acting scaler).
+        self.advise = plan.scaling_mode == "advise" if advise is None else advise
+        self.ledger = ledger
+        self.budget: dict[str, Any] | None = None  # the ledger's last answer, for the record
         self.probe_timeout = failover.probe_timeout
         # How long a tick waits for the hosts' unit states and the router: a host that takes
         # longer is silent for this tick (its last states stand) and holds up nothing.
@@ -291,10 +325,19 @@ class Scaler:
         ] = {}  # slot -> when this scaler started it (newest goes first)
         self.out_of_service_since: dict[str, float] = {}  # running, not (yet) routed to
         self.metrics = metrics or Metrics()
+        self.metrics.advising.set(1 if self.advise else 0)
         self.stop = threading.Event()
         self.last: dict[str, Decision] = {}
         self.rps: float | None = None
         self.windows: dict[str, LatencyWindow] = {}  # group -> its latency window
+        # gRPC latency groups: the router's histograms, windowed as each group's spec says
+        self.router_latency: dict[str, RouterLatency] = {}
+        self.router_key = f"{plan.router.address}:{plan.router.metrics_port}"
+        for role in WORKER_ROLES:
+            group = plan.groups[role]
+            span = float((group.scaling or {}).get("window") or 60.0)
+            if group.connection == "grpc" and role in self._latency_groups():
+                self.router_latency[role] = RouterLatency(span, min(5.0, span / 2))
         self.scrape_errors: dict[str, str] = {}  # slot -> last scrape problem (logged once)
         self.watch = Watch(failover.host_lost_after, failover.unhealthy_after)
         self.known: dict[str, SlotState] = {}  # slot -> its state when its host last answered
@@ -375,14 +418,14 @@ class Scaler:
                 errors[host] = self.host_errors[host] = _why(answer)
             for slot in slots:
                 states[slot.name] = self.known.get(slot.name) or SlotState(slot, UNREACHABLE, None)
-        health, texts = self._check_engines(states, workers)
-        return View(states, fresh, errors, workers, health, texts)
+        health, texts, loads = self._check_engines(states, workers)
+        return View(states, fresh, errors, workers, health, texts, loads)
 
     def _check_engines(
         self, states: dict[str, SlotState], workers: dict[str, Worker]
-    ) -> tuple[dict[str, bool], dict[str, Answer[str]]]:
+    ) -> tuple[dict[str, bool], dict[str, Answer[str]], dict[str, Answer[EngineLoad]]]:
         """Each running engine's own health check (and a latency group's routed engines'
-        /metrics), side by side, within the probe timeout."""
+        /metrics, or GetLoads for a gRPC worker), side by side, within the probe timeout."""
         checked = [
             s.slot for s in states.values() if s.running and not self.watch.off_limits(s.slot.name)
         ]
@@ -392,15 +435,26 @@ class Scaler:
             )
             for slot in checked
         }
-        latency = {
-            role for role in WORKER_ROLES if (self.plan.groups[role].scaling or {}).get("metric")
-        } - {"rps"}
+        routed = [
+            slot
+            for slot in checked
+            if slot.group in self._latency_groups()
+            and (w := workers.get(slot.url)) is not None
+            and w.healthy
+        ]
         scrapes = {
             slot.name: self.reads.submit(
                 f"metrics {slot.name}", partial(self.actuator.metrics, slot)
             )
-            for slot in checked
-            if slot.group in latency and (w := workers.get(slot.url)) is not None and w.healthy
+            for slot in routed
+            if slot.connection != "grpc"
+        }
+        asked = {
+            slot.name: self.reads.submit(
+                f"loads {slot.name}", partial(self.actuator.loads, slot, self.probe_timeout)
+            )
+            for slot in routed
+            if slot.connection == "grpc"
         }
         deadline = time.monotonic() + self.probe_timeout + 0.25
         # Not waited for again: the engines already failing and those of silent hosts (their
@@ -408,13 +462,25 @@ class Scaler:
         gather({n: f for n, f in probes.items() if not self._known_failing(n)}, deadline)
         answered = gather(probes, time.monotonic())
         texts = gather(scrapes, deadline)
+        loads = gather(asked, deadline)
         for name, answer in answered.items():
             if answer.answered:
                 self.reads.forget(f"health {name}")
         for name, text in texts.items():
             if text.answered:
                 self.reads.forget(f"metrics {name}")
-        return {name: bool(a.ok and a.value) for name, a in answered.items()}, texts
+        for name, load in loads.items():
+            if load.answered:
+                self.reads.forget(f"loads {name}")
+        health = {name: bool(a.ok and a.value) for name, a in answered.items()}
+        return health, texts, loads
+
+    def _latency_groups(self) -> set[str]:
+        return {
+            role
+            for role in WORKER_ROLES
+            if (self.plan.groups[role].scaling or {}).get("metric") not in (None, "rps")
+        }
 
     def _known_failing(self, name: str) -> bool:
         slot = self._slot(name)
@@ -429,6 +495,8 @@ class Scaler:
             except ValueError as exc:
                 self.log(f"metrics unreadable: {exc}")
             self.open_circuits = open_circuits(answer.value)
+            for latency in self.router_latency.values():
+                latency.add(self.router_key, now, answer.value)
         else:
             self.log(f"metrics unavailable: {_why(answer)}")
         self.rps = self.rate.rate(now, stale_after=max(30.0, 5 * self.interval))
@@ -441,10 +509,12 @@ class Scaler:
         workers: dict[str, Worker],
         now: float,
         texts: dict[str, Answer[str]] | None = None,
+        loads: dict[str, Answer[EngineLoad]] | None = None,
     ) -> WorkerSignals:
         """A latency group's percentile, queue and in-flight per replica, from the workers
         the router routes to (a replica still starting serves nothing yet). ``texts``: their
-        /metrics fetched already (by the tick, side by side); else fetched here."""
+        /metrics fetched already (by the tick, side by side); else fetched here. A gRPC
+        group's come from the router's histograms and its engines' GetLoads (``loads``)."""
         if policy.metric == "rps":
             return WorkerSignals()
         scaling = self.plan.groups[role].scaling or {}
@@ -461,6 +531,8 @@ class Scaler:
             and (w := workers.get(s.slot.url)) is not None
             and w.healthy
         ]
+        if role in self.router_latency:
+            return self._grpc_signals(role, policy, routed, now, loads or {})
         queued: list[float | None] = []
         running: list[float | None] = []
         for slot in routed:
@@ -485,6 +557,47 @@ class Scaler:
         percentile = float(scaling.get("percentile") or 90.0) / 100
         latency = window.percentile(names, percentile, now, stale_after) if names else None
         return WorkerSignals(latency, _per_replica(queued), _per_replica(running), len(routed))
+
+    def _grpc_signals(
+        self,
+        role: str,
+        policy: Policy,
+        routed: list[Slot],
+        now: float,
+        loads: dict[str, Answer[EngineLoad]],
+    ) -> WorkerSignals:
+        """A gRPC group's signals: its latency from the router's histograms (router_latency.py),
+        its queue and in-flight from each routed engine's GetLoads; a decode group whose
+        traffic the router did not measure (too few streamed requests) takes the engines' own
+        seconds per token."""
+        scaling = self.plan.groups[role].scaling or {}
+        stale_after = max(30.0, 5 * self.interval)
+        q = float(scaling.get("percentile") or 90.0) / 100
+        found: list[EngineLoad | None] = []
+        for slot in routed:
+            answer = loads.get(slot.name)
+            if answer is not None and answer.ok and answer.value is not None:
+                self.scrape_errors.pop(slot.name, None)
+                found.append(answer.value)
+                continue
+            why = _why(answer) if answer is not None else "not asked"
+            self._scrape_problem(slot.name, f"GetLoads of {slot.name} unavailable: {why}")
+            found.append(None)
+        known = [x for x in found if x is not None]
+        complete = bool(found) and len(known) == len(found)
+        latency = self.router_latency[role]
+        routers = {self.router_key}
+        if policy.metric == "ttft":
+            reading = latency.ttft(routers, q, now, stale_after)
+        else:
+            reading = latency.tpot(routers, q, now, stale_after)
+            if reading.value is None and "streamed" in reading.source and complete:
+                reading = _engine_itl(known, reading.source)
+        queue = sum(x.waiting for x in known) / len(known) if complete else None
+        inflight = sum(x.running for x in known) / len(known) if complete else None
+        if not routed:
+            reading = Reading(None, "no routed replica")
+        return WorkerSignals(reading.value, queue, inflight, len(routed), reading.source)
 
     def _metrics_text(self, slot: Slot, texts: dict[str, Answer[str]] | None) -> str:
         if texts is None:
@@ -862,55 +975,151 @@ class Scaler:
 
     # -- one tick --------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:
+        """One round: observe, judge, decide, hold to the budget, act. An advising scaler
+        observes and decides only: it starts, stops, registers and replaces nothing."""
         self._collect()
         now = self.clock()
         view = self._observe(now)
         if view is None:
             return {}
-        self._judge_hosts(view, now)
-        self._judge_replicas(view, now)
-        self._kill_condemned(view, now)
-        self._reconcile(view)
-        self._reset_breakers(view, now)
+        if not self.advise:
+            self._judge_hosts(view, now)
+            self._judge_replicas(view, now)
+            self._kill_condemned(view, now)
+            self._reconcile(view)
+            self._reset_breakers(view, now)
         pins = self._pins()
-        decisions = {}
+        decisions: dict[str, Decision] = {}
+        befores: dict[str, History] = {}
+        signals: dict[str, WorkerSignals] = {}
         for role, policy in policies(self.plan, pins).items():
             if self.stop.is_set():
                 break
             available = len(self._available(role, view))
             members = self.watch.members(role, available)
-            signals = self._scrape_workers(role, policy, view.states, view.workers, now, view.texts)
+            signals[role] = found = self._scrape_workers(
+                role, policy, view.states, view.workers, now, view.texts, view.loads
+            )
             observation = Observation(
                 at=now,
                 rps=self.rps,
                 running=members,
-                inflight_per_replica=signals.inflight_per_replica,
-                latency=signals.latency,
-                queue_per_replica=signals.queue_per_replica,
-                serving=signals.serving,
+                inflight_per_replica=found.inflight_per_replica,
+                latency=found.latency,
+                queue_per_replica=found.queue_per_replica,
+                serving=found.serving,
             )
-            decision, self.histories[role] = decide(policy, observation, self.histories[role], now)
-            self.watch.settle(role, decision.desired)
+            befores[role] = self.histories[role]
+            decision, self.histories[role] = decide(policy, observation, befores[role], now)
+            if found.source is not None:
+                decision = dataclasses.replace(decision, source=found.source)
             decisions[role] = decision
+        decisions = self._hold_to_budget(decisions, befores, view, now)
+        for role, decision in decisions.items():
+            available = len(self._available(role, view))
+            self.watch.settle(role, decision.desired)
             self.metrics.decisions.labels(role, decision.action).inc()
             self.metrics.desired.labels(role).set(decision.desired)
             self.metrics.running.labels(role).set(available)
-            self._export(role, decision, signals)
+            self._export(role, decision, signals[role])
             if decision.action != "hold" or self._changed(role, decision):
                 rps = "none" if self.rps is None else f"{self.rps:.2f}"
+                source = f" source={decision.source}" if decision.source else ""
                 self.log(
-                    f"decision {role}: signal={decision.signal} "
+                    f"{'advice' if self.advise else 'decision'} {role}: "
+                    f"signal={decision.signal} "
                     f"value={_show(decision.signal, decision.value)} "
-                    f"target={_show(decision.signal, decision.target)} rps={rps} "
+                    f"target={_show(decision.signal, decision.target)} rps={rps}{source} "
                     f"desired={decision.desired} actual={available} "
                     f"action={decision.action} reason={decision.reason}"
                 )
             self.last[role] = decision
-            if not self.stop.is_set():
+            if not self.stop.is_set() and not self.advise:
                 self._converge(role, decision, view)
         if self.rps is not None:
             self.metrics.rps.set(self.rps)
         self._record(now, pins)
+        return decisions
+
+    # -- the GPU budget: growth drawn from the fleet's ledger and the service's max_gpus ------
+    def _hold_to_budget(
+        self,
+        decisions: dict[str, Decision],
+        befores: dict[str, History],
+        view: View,
+        now: float,
+    ) -> dict[str, Decision]:
+        """Each scale-out as far as the budget allows (pdctl/scaler/budget.py): the service's
+        own ``max_gpus``, then the fleet's ledger, which this tick also tells what the service
+        uses. An advising scaler asks what a draw would get and writes nothing. A ledger that
+        cannot be reached in time refuses the growth of this tick, nothing else."""
+        plan = self.plan
+        if plan.gpu_budget is None and plan.max_gpus is None:
+            return decisions
+        units = {role: plan.groups[role].gpus_per_replica for role in decisions}
+        available = {role: len(self._available(role, view)) for role in decisions}
+        using = sum(available[role] * units[role] for role in decisions)
+        needs = [
+            item
+            for role, decision in decisions.items()
+            if (
+                item := need(
+                    decision,
+                    available[role],
+                    plan.groups[role].min,
+                    len(self._free(role, view)),
+                    units[role],
+                )
+            )
+            is not None
+        ]
+        asked = {item.group: item.replicas for item in needs}
+        kept, why = within_cap(needs, using, plan.max_gpus)
+        granted = {item.group: item.replicas for item in kept}
+        if plan.gpu_budget is not None:
+            wants = {item.group: (item.gpus, item.unit, item.pressure) for item in kept}
+            ask = Ask(plan.service, plan.gpu_budget, using, self.interval, wants)
+            try:
+                if self.ledger is None:
+                    raise HostError("no GPU ledger configured for this scaler")
+                reach = self.ledger.look if self.advise else self.ledger.draw
+                answer, note = reach(ask, now)
+            except (PdctlError, LedgerBusy, OSError) as exc:
+                message = exc.message if isinstance(exc, PdctlError) else str(exc)
+                self._say("ledger", f"GPU ledger unavailable: {message}; no scale-out until it is")
+                granted = {}
+                why.update({item.group: f"GPU ledger unavailable: {message}" for item in kept})
+                self.budget = {"error": message, "budget": plan.gpu_budget, "using": using}
+            else:
+                self.said.discard("ledger")
+                if note:
+                    self._say(f"ledger note {note}", f"GPU ledger: {note}")
+                for item in kept:
+                    grant = answer.grants.get(item.group)
+                    granted[item.group] = (grant.gpus if grant else 0) // item.unit
+                    if grant is not None and grant.reason:
+                        why[item.group] = grant.reason
+                self.budget = {**answer.to_dict(), "using": using}
+                self.metrics.gpus.labels("budget").set(answer.budget)
+                self.metrics.gpus.labels("fleet_used").set(answer.used)
+        self.metrics.gpus.labels("service").set(using)
+        if plan.max_gpus is not None:
+            self.metrics.gpus.labels("max_gpus").set(plan.max_gpus)
+            self.budget = {**(self.budget or {}), "max_gpus": plan.max_gpus, "using": using}
+        for role, count in asked.items():
+            got = granted.get(role, 0)
+            if got >= count:
+                continue
+            decisions[role], self.histories[role] = hold(
+                decisions[role],
+                befores[role],
+                self.histories[role],
+                available[role],
+                count,
+                got,
+                why.get(role, "the GPU budget has no room"),
+            )
+            self.metrics.refusals.labels(role).inc()
         return decisions
 
     def _say(self, key: str, message: str) -> None:
@@ -950,6 +1159,8 @@ class Scaler:
             "groups": {role: d.to_dict() for role, d in self.last.items()},
             "hosts": hosts,
             "condemned": sorted(self.watch.condemned),
+            "mode": "advise" if self.advise else "act",
+            "budget": self.budget,
             **self.watch.to_dict(),
         }
         try:
@@ -985,6 +1196,21 @@ def _why(answer: Answer[Any]) -> str:
     if isinstance(answer.error, PdctlError):
         return answer.error.message
     return str(answer.error or "nothing")
+
+
+def _engine_itl(loads: list[EngineLoad], why: str) -> Reading:
+    """The decode engines' own mean seconds per token: the streams they run over the tokens
+    they generate per second (GetLoads), when the router measured too few streamed requests."""
+    running = sum(x.running for x in loads)
+    throughput = sum(x.gen_throughput for x in loads)
+    if running == 0:
+        return Reading(0.0, f"GetLoads: no stream running ({why})")
+    if throughput <= 0:
+        return Reading(None, f"GetLoads: {running} running, no throughput reported ({why})")
+    return Reading(
+        running / throughput,
+        f"GetLoads: {running} streams / {throughput:.0f} tokens/s ({why})",
+    )
 
 
 def _per_replica(values: list[float | None]) -> float | None:
