@@ -108,7 +108,8 @@ def test_the_advice_is_the_acting_scalers_decision_on_the_same_load(world: World
     assert not any(line.startswith(("started", "registered", "drained")) for line in advice_log)
     assert any(line.startswith("advice prefill: ") for line in advice_log)
     assert json.loads(world.files[layout.SCALER_STATE])["mode"] == "act"
-    assert advising.metrics.advising._value.get() == 1  # noqa: SLF001 (the gauge's own value)
+    gauge = advising.metrics.registry.get_sample_value("pdctl_scaler_advise_only")
+    assert gauge == 1 and acting.metrics.registry.get_sample_value("pdctl_scaler_advise_only") == 0
 
 
 def test_advise_runs_for_its_span_and_reports_every_decision(world: World) -> None:
