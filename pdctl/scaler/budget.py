@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pdctl.errors import CheckFailed
+from pdctl.plan import WORKER_ROLES, Plan
 from pdctl.scaler.decide import Action, Decision, History
 from pdctl.scaler.gpu_ledger import pressure
 
@@ -98,3 +100,41 @@ def hold(
         else dataclasses.replace(after, last_scaled_at=before.last_scaled_at)
     )
     return held, history
+
+
+def floor_gpus(plan: Plan) -> int:
+    """The GPUs the service holds at its groups' min counts."""
+    return sum(plan.groups[r].min * plan.groups[r].gpus_per_replica for r in WORKER_ROLES)
+
+
+def check_budgets(plan: Plan, others: list[Plan]) -> None:
+    """Before anything is deployed: the service's ``max_gpus`` and its fleet's budget can hold
+    the min counts (of every budgeted service of the fleet), and the budgeted services share
+    the router host that keeps the fleet's ledger (their scalers draw from it there)."""
+    floor = floor_gpus(plan)
+    if plan.max_gpus is not None and floor > plan.max_gpus:
+        raise CheckFailed(
+            f"pdctl.scaling.max_gpus {plan.max_gpus} is below the {floor} GPUs {plan.service}'s "
+            "groups hold at their min counts",
+            hint="raise max_gpus, or lower the groups' min counts",
+        )
+    if plan.gpu_budget is None:
+        return
+    budgeted = [o for o in others if o.gpu_budget is not None]
+    elsewhere = sorted({o.router.host for o in budgeted} - {plan.router.host})
+    if elsewhere:
+        names = ", ".join(o.service for o in budgeted if o.router.host != plan.router.host)
+        raise CheckFailed(
+            f"fleet {plan.fleet} has a GPU budget, kept in one ledger on the router host its "
+            f"services share: {names} run their router on {', '.join(elsewhere)}, "
+            f"{plan.service} would run it on {plan.router.host}",
+            hint=f"put the router there too: pdctl.router.host: {elsewhere[0]}",
+        )
+    total = floor + sum(floor_gpus(o) for o in budgeted)
+    if total > plan.gpu_budget:
+        held = ", ".join(f"{o.service} {floor_gpus(o)}" for o in budgeted) or "none"
+        raise CheckFailed(
+            f"fleet {plan.fleet}'s GPU budget ({plan.gpu_budget}) cannot hold every service at "
+            f"its min count: {plan.service} needs {floor}, the others {held}",
+            hint=f"raise it (pdctl fleet add {plan.fleet} ... --gpu-budget N), or lower min counts",
+        )
