@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -644,7 +645,7 @@ class PdctlScaling(Strict):
         description="advise: the scaler observes and decides, records and exports its "
         "decisions, and acts on nothing (trust the policy first; `pdctl scaler advise` shows it).",
     )
-    max_gpus: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+    max_gpus: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
         None,
         description="GPUs the service's replicas may hold at most: a scale-out past it is "
         "refused, and shown so (status, metrics). The fleet's --gpu-budget applies too.",

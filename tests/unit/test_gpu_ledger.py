@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.scaler.budget import Need, hold, need, within_cap
+from pdctl.errors import CheckFailed, InputError
+from pdctl.fleet import AddOptions
+from pdctl.fleet import _settings as fleet_settings
+from pdctl.plan import Plan, build
+from pdctl.scaler.budget import Need, check_budgets, hold, need, within_cap
 from pdctl.scaler.decide import Action, Decision, History
 from pdctl.scaler.gpu_ledger import (
     RESERVE_FOR,
@@ -26,6 +30,8 @@ from pdctl.scaler.gpu_ledger import (
     release,
 )
 from pdctl.scaler.ledger_file import LedgerBusy, peek, transact
+from pdctl.spec import SpecError, parse
+from tests.unit.test_plan import ENV, REPO, fleet, host
 
 
 def ask(
@@ -283,3 +289,55 @@ def test_a_refused_scale_out_is_a_hold_that_says_so_and_leaves_no_cool_down() ->
     assert "1 of 2 granted: GPU budget" in cut.reason and history.last_scaled_at == 50.0
     whole, history = hold(decision(2, 4), before, after, 2, 2, 2, "")
     assert whole.refusal is None and whole.desired == 4
+
+
+# --------------------------------------------------------------------------- the spec, the plan
+
+
+def lab_plan(extra: str = "", gpu_budget: int | None = None, router: str | None = None) -> Plan:
+    text = (REPO / "examples/lab/pd.yml").read_text() + extra
+    spec, env = parse(text, Path("pd.yml"), ENV)
+    hosts = fleet(host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2"))
+    hosts.settings.gpu_budget = gpu_budget
+    plan = build(spec, env, hosts, secrets_digest="")
+    if router is not None:
+        plan.router.host = router
+    return plan
+
+
+def test_the_spec_and_the_fleet_set_the_plans_mode_and_caps() -> None:
+    plan = lab_plan("  scaling: {mode: advise, max_gpus: 12}\n", gpu_budget=20)
+    assert (plan.scaling_mode, plan.max_gpus, plan.gpu_budget) == ("advise", 12, 20)
+    default = lab_plan()
+    assert (default.scaling_mode, default.max_gpus, default.gpu_budget) == ("act", None, None)
+    for bad in ("{mode: sometimes}", "{max_gpus: 0}", "{max_gpus: true}", "{budget: 3}"):
+        with pytest.raises(SpecError, match="scaling"):
+            lab_plan(f"  scaling: {bad}\n")
+
+
+def test_deploy_refuses_caps_that_cannot_hold_the_min_counts() -> None:
+    with pytest.raises(CheckFailed, match="max_gpus 4 is below the 8 GPUs"):
+        check_budgets(lab_plan("  scaling: {max_gpus: 4}\n"), [])
+    other = lab_plan(gpu_budget=20).model_copy(update={"service": "other"})
+    check_budgets(lab_plan(gpu_budget=20), [other])  # 8 + 8 of 20
+    with pytest.raises(CheckFailed, match=r"GPU budget \(12\) cannot hold every service") as no:
+        check_budgets(lab_plan(gpu_budget=12), [other])
+    assert "pdctl needs 8, the others other 8" in str(no.value).replace("pdlab", "pdctl")
+
+
+def test_budgeted_services_share_the_router_host_that_keeps_the_ledger() -> None:
+    other = lab_plan(gpu_budget=20, router="cpu2").model_copy(update={"service": "other"})
+    with pytest.raises(CheckFailed, match="one ledger on the router host") as elsewhere:
+        check_budgets(lab_plan(gpu_budget=20), [other])
+    assert elsewhere.value.hint == "put the router there too: pdctl.router.host: cpu2"
+    unbudgeted = other.model_copy(update={"gpu_budget": None})
+    check_budgets(lab_plan(gpu_budget=20), [unbudgeted])  # deployed before the budget
+
+
+def test_fleet_add_sets_and_clears_the_budget() -> None:
+    settings = fleet_settings(None, AddOptions(hosts=[], gpu_budget=24))
+    assert settings.gpu_budget == 24
+    assert fleet_settings(settings, AddOptions(hosts=[])).gpu_budget == 24  # unchanged
+    assert fleet_settings(settings, AddOptions(hosts=[], gpu_budget=0)).gpu_budget is None
+    with pytest.raises(InputError, match="--gpu-budget -1"):
+        fleet_settings(None, AddOptions(hosts=[], gpu_budget=-1))
