@@ -10,7 +10,7 @@ rises to 9 rps over the middle of the trace, batch to 6 rps over its second half
 they need 13 replicas (52 GPUs). Each second batch's scaler ticks, then chat's half a second
 later: batch asks first, chat is further from its SLO. Policies:
 
-- pdctl: each tick draws from the shared ledger (pdctl/scaler/gpu_ledger.py, as the scaler
+- pdctl: each tick draws from the shared ledger (pdctl/onhost/gpu_ledger.py, as the scaler
   does through its file): priority to the group furthest from its SLO, whole replicas;
 - first-come: a shared GPU counter without priority: a scale-out that fits when its scaler
   asks is taken (what a plain lock and count would do);
@@ -48,9 +48,9 @@ from bench.simkit import (
     parser,
     save,
 )
-from pdctl.scaler.budget import hold, need
-from pdctl.scaler.decide import History, Observation, Policy, decide
-from pdctl.scaler.gpu_ledger import Ask, Ledger, draw
+from pdctl.core.scaling.budget import hold, need
+from pdctl.core.scaling.decide import History, Observation, Policy, decide
+from pdctl.onhost.gpu_ledger import Ask, Ledger, draw
 
 SERVICES = ("batch", "chat")  # in the order their scalers tick each second
 TARGETS = {"prefill": 3.0, "decode": 2.0}

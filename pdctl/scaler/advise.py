@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from pdctl.scaler.decide import Decision
+from pdctl.core.scaling.decide import Decision
 from pdctl.scaler.loop import Scaler
 
 Show = Callable[[float, Decision], None]

@@ -7,7 +7,7 @@ host that runs it). SIGTERM finishes the actions in hand, then exits.
 
 No host and no replica holds up the loop. Each tick reads every host's unit states and the
 router at once, then checks every running engine's health at once, each phase by its own
-deadline: what did not answer in time is a finding (pdctl/scaler/watch.py), not a wait.
+deadline: what did not answer in time is a finding (pdctl/core/scaling/watch.py), not a wait.
 Every action (start, register, deregister, drain and stop, kill, fence) runs in the
 background with its own timeout, at most one per slot; the tick after it ends takes its
 result. So a hung drain, a host that stopped answering or a frozen worker delays nothing
@@ -23,34 +23,24 @@ returns, stopped and disabled there before they can serve.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import math
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from pdctl import layout
-from pdctl.errors import EnvironmentProblem, HostError, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan, Slot
-from pdctl.router import Router, Worker, open_circuits, requests_total
-from pdctl.scaler.budget import hold, need, within_cap
-from pdctl.scaler.calls import Answer, Calls, gather
-from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
-from pdctl.scaler.engine_loads import EngineLoad
-from pdctl.scaler.gpu_ledger import Ask
-from pdctl.scaler.ledger_file import LedgerBusy, LedgerDoor
-from pdctl.scaler.observe import (
+from pdctl.core import layout
+from pdctl.core.errors import HostError, PdctlError
+from pdctl.core.plan import WORKER_ROLES, Plan, Slot
+from pdctl.core.scaling.budget import hold, need, within_cap
+from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
+from pdctl.core.scaling.engine_loads import EngineLoad
+from pdctl.core.scaling.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
     RUNNING_GAUGES,
@@ -59,9 +49,15 @@ from pdctl.scaler.observe import (
     gauge,
     histogram,
 )
-from pdctl.scaler.router_latency import Reading, RouterLatency
-from pdctl.scaler.watch import Watch
-from pdctl.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.core.scaling.router_latency import Reading, RouterLatency
+from pdctl.core.scaling.watch import Watch
+from pdctl.doors.router import Router, Worker, open_circuits, requests_total
+from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.onhost.gpu_ledger import Ask
+from pdctl.onhost.gpu_ledger_file import LedgerBusy
+from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.ledger_door import LedgerDoor
+from pdctl.scaler.metrics import Metrics
 
 Log = Callable[[str], None]
 
@@ -127,94 +123,6 @@ class WorkerSignals:
     inflight_per_replica: float | None = None
     serving: int | None = None  # replicas routed to (a started one serves once registered)
     source: str | None = None  # a gRPC group's latency: which measurement it is
-
-
-@dataclass
-class Metrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.desired = Gauge(
-            "pdctl_scaler_desired_replicas", "Replicas the policy wants", ["group"], registry=r
-        )
-        self.running = Gauge(
-            "pdctl_scaler_running_replicas", "Replicas whose unit is active", ["group"], registry=r
-        )
-        self.rps = Gauge(
-            "pdctl_scaler_rps", "Client requests per second through the router", registry=r
-        )
-        self.signal = Gauge(
-            "pdctl_scaler_signal_value",
-            "The deciding signal's observed value (rps, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.target = Gauge(
-            "pdctl_scaler_signal_target",
-            "The deciding signal's target (rps per replica, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.queue = Gauge(
-            "pdctl_scaler_queue_per_replica",
-            "Requests waiting per routed replica (the workers' own gauge)",
-            ["group"],
-            registry=r,
-        )
-        self.decisions = Counter(
-            "pdctl_scaler_decisions", "Decisions by action", ["group", "action"], registry=r
-        )
-        self.actions = Histogram(
-            "pdctl_scaler_action_seconds", "Time an action took", ["action"], registry=r
-        )
-        self.failures = Counter(
-            "pdctl_scaler_action_failures", "Actions that failed", ["action"], registry=r
-        )
-        self.lost = Gauge(
-            "pdctl_scaler_host_lost",
-            "1 while a worker host is lost (its replicas replaced elsewhere)",
-            ["host"],
-            registry=r,
-        )
-        self.replaced = Counter(
-            "pdctl_scaler_replaced",
-            "Replicas replaced for not answering",
-            ["group", "reason"],
-            registry=r,
-        )
-        self.refusals = Counter(
-            "pdctl_scaler_budget_refusals",
-            "Scale-outs the GPU budget (the fleet's ledger, max_gpus) refused or cut",
-            ["group"],
-            registry=r,
-        )
-        self.gpus = Gauge(
-            "pdctl_scaler_gpus",
-            "GPUs: budget (the fleet's), fleet_used (every service's, as the ledger counts), "
-            "service (this service's replicas), max_gpus (its own cap)",
-            ["kind"],
-            registry=r,
-        )
-        self.advising = Gauge(
-            "pdctl_scaler_advise_only",
-            "1 while the scaler only advises (acts on nothing)",
-            registry=r,
-        )
-
-
-@contextlib.contextmanager
-def service_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise EnvironmentProblem(
-                f"another scaler holds {path}",
-                hint="one scaler per service: stop the other one first",
-            ) from exc
-        yield
 
 
 def scale_in_order(
@@ -1049,7 +957,7 @@ class Scaler:
         view: View,
         now: float,
     ) -> dict[str, Decision]:
-        """Each scale-out as far as the budget allows (pdctl/scaler/budget.py): the service's
+        """Each scale-out as far as the budget allows (pdctl/core/scaling/budget.py): the service's
         own ``max_gpus``, then the fleet's ledger, which this tick also tells what the service
         uses. An advising scaler asks what a draw would get and writes nothing. A ledger that
         cannot be reached in time refuses the growth of this tick, nothing else."""
@@ -1226,23 +1134,3 @@ def _show(signal: str | None, value: float | None) -> str:
     if signal in {"ttft", "itl"}:
         return f"{value * 1000:.0f}ms"
     return f"{value:.2f}"
-
-
-@contextlib.contextmanager
-def stop_on_signals(scaler: Scaler) -> Iterator[None]:
-    """SIGTERM/SIGINT: finish the action in hand, then leave the loop."""
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        scaler.log(f"signal {signum}: finishing the current action, then exiting")
-        scaler.stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def serve_metrics(metrics: Metrics, host: str, port: int) -> None:
-    start_http_server(port, addr=host, registry=metrics.registry)

@@ -17,16 +17,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pdctl import layout, ssh
-from pdctl import service as services
-from pdctl.errors import InputError
-from pdctl.layout import Layout
-from pdctl.plan import plan_from_extravars
-from pdctl.router import Router, tcp_connector
-from pdctl.scaler.ledger_file import LedgerDoor, local, read_only
+from pdctl.core import layout
+from pdctl.core.errors import InputError
+from pdctl.core.layout import Layout
+from pdctl.core.plan import plan_from_extravars
+from pdctl.doors import service as services
+from pdctl.doors import ssh
+from pdctl.doors.router import Router, tcp_connector
+from pdctl.doors.session import Session
+from pdctl.doors.slots import Actuator
+from pdctl.doors.workspace import Workspace
+from pdctl.scaler.ledger_door import LedgerDoor, local, read_only
 from pdctl.scaler.loop import Log, Scaler, Store
-from pdctl.slots import Actuator
-from pdctl.workspace import Workspace
 
 
 def default_config(service: str) -> Path:
@@ -136,7 +138,7 @@ def from_workspace(
             hint=f"let the deployed {layout.scaler_unit(name)} act; `pdctl scaler advise "
             f"{name}` runs from here",
         )
-    with services.open_handle(workspace, plan, log=log) as handle:
+    with Session(workspace) as session, services.open_handle(session, plan, log=log) as handle:
         store = handle_store(handle)
         ledger: LedgerDoor | None = None
         if advise:

@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
-from pdctl.grpc_health import grpc_call
-from pdctl.scaler.engine_loads import GET_LOADS, EngineLoad, decode_loads
+from pdctl.core.scaling.engine_loads import GET_LOADS, EngineLoad, decode_loads
+from pdctl.onhost.grpc_health import grpc_call
 from tests.integration.test_worker_with_smg import (
     FAST_HEALTH,
     SMG,
