@@ -14,12 +14,14 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from pdctl.onhost.gpu_ledger import Ledger, load
+from pdctl.onhost.gpu_ledger import Ledger, load, release
 
 LOCK_TIMEOUT = 2.0  # what a tick waits for the lock at most
 MAX_BYTES = 1 << 20  # a ledger of hundreds of services is a few tens of KB
@@ -99,3 +101,31 @@ def peek(path: Path) -> tuple[Ledger, str]:
     doc, problem = _read(path)
     ledger, note = load(doc)
     return ledger, problem or note
+
+
+_LEDGER = re.compile(r"^(/[A-Za-z0-9_.+-]+)+/[a-z0-9][a-z0-9_-]{0,62}\.json$")
+
+
+def main(text: str) -> None:
+    """On the ledger's host (pdctl destroy, through the bundle): ``{"path": P, "release": S}``
+    takes service S's GPUs and wants out of the ledger at P; prints what it held."""
+    params = json.loads(text)
+    path, service = params.get("path"), params.get("release")
+    if not isinstance(path, str) or not _LEDGER.match(path) or "/../" in path:
+        raise SystemExit(f"not a GPU ledger's path: {path!r}")
+    if not isinstance(service, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,39}", service):
+        raise SystemExit(f"not a service name: {service!r}")
+    if not Path(path).exists():
+        print(json.dumps({"released": service, "held": None}))
+        return
+
+    def forget(ledger: Ledger) -> tuple[Ledger, int | None]:
+        entry = ledger.services.get(service)
+        return release(ledger, service), (entry.using + entry.reserved if entry else None)
+
+    held, note = transact(Path(path), forget, timeout=10.0)
+    print(json.dumps({"released": service, "held": held, "note": note}))
+
+
+if __name__ == "__main__":
+    main(sys.stdin.read())

@@ -7,11 +7,14 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from pdctl.onhost import bundle
 from pdctl.onhost.gpu_ledger import (
     RESERVE_FOR,
     Answer,
@@ -237,3 +240,51 @@ def test_a_symlinked_ledger_is_not_followed(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         transact(path, lambda ledger: draw(ledger, ask("a", 2), 1))
     assert target.read_text() == "keep"
+
+
+# --------------------------------------------------------------------------- release, on the host
+
+
+def run_entry(params: dict[str, object], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    """The entry as `pdctl destroy` runs it on the router host: the loader and the bundle,
+    then the parameters, on stdin of a plain python3 (here this one), from an empty directory."""
+    entry = "pdctl.onhost.gpu_ledger_file"
+    return subprocess.run(
+        bundle.argv(entry, python=sys.executable),
+        input=bundle.stdin(entry) + json.dumps(params).encode(),
+        capture_output=True,
+        cwd=cwd,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_destroy_releases_the_services_gpus_through_the_bundle(tmp_path: Path) -> None:
+    path = tmp_path / "_gpu-budget" / "lab.json"
+    transact(path, lambda ledger: draw(ledger, ask("a", 4, {"d": (4, 4, 1.0)}), 1.0))
+    transact(path, lambda ledger: draw(ledger, ask("b", 8), 1.0))
+    empty = tmp_path / "cwd"
+    empty.mkdir()
+    proc = run_entry({"path": str(path), "release": "a"}, empty)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout) == {"released": "a", "held": 8, "note": ""}  # 4 + 4 granted
+    ledger, _ = peek(path)
+    assert set(ledger.services) == {"b"}
+    again = run_entry({"path": str(tmp_path / "none" / "lab.json"), "release": "a"}, empty)
+    assert json.loads(again.stdout) == {"released": "a", "held": None}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"path": "/etc/passwd", "release": "a"},
+        {"path": "/var/lib/pdctl/_gpu-budget/../x.json", "release": "a"},
+        {"path": "relative/lab.json", "release": "a"},
+        {"path": "/var/lib/pdctl/_gpu-budget/lab.json", "release": "A; rm -rf /"},
+    ],
+)
+def test_the_release_takes_only_a_ledgers_path_and_a_service_name(
+    params: dict[str, object], tmp_path: Path
+) -> None:
+    proc = run_entry(params, tmp_path)
+    assert proc.returncode != 0 and b"not a" in proc.stderr
