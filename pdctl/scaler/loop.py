@@ -474,10 +474,8 @@ class Scaler:
         now: float,
         loads: dict[str, Answer[EngineLoad]],
     ) -> WorkerSignals:
-        """A gRPC group's signals: its latency from the router's histograms (router_latency.py),
-        its queue and in-flight from each routed engine's GetLoads; a decode group whose
-        traffic the router did not measure (too few streamed requests) takes the engines' own
-        seconds per token."""
+        """A gRPC group's signals: its latency from the router's histograms and totals
+        (router_latency.py), its queue and in-flight from each routed engine's GetLoads."""
         scaling = self.plan.groups[role].scaling or {}
         stale_after = max(30.0, 5 * self.interval)
         q = float(scaling.get("percentile") or 90.0) / 100
@@ -499,8 +497,6 @@ class Scaler:
             reading = latency.ttft(routers, q, now, stale_after)
         else:
             reading = latency.tpot(routers, q, now, stale_after)
-            if reading.value is None and "streamed" in reading.source and complete:
-                reading = _engine_itl(known, reading.source)
         queue = sum(x.waiting for x in known) / len(known) if complete else None
         inflight = sum(x.running for x in known) / len(known) if complete else None
         if not routed:
@@ -1104,21 +1100,6 @@ def _why(answer: Answer[Any]) -> str:
     if isinstance(answer.error, PdctlError):
         return answer.error.message
     return str(answer.error or "nothing")
-
-
-def _engine_itl(loads: list[EngineLoad], why: str) -> Reading:
-    """The decode engines' own mean seconds per token: the streams they run over the tokens
-    they generate per second (GetLoads), when the router measured too few streamed requests."""
-    running = sum(x.running for x in loads)
-    throughput = sum(x.gen_throughput for x in loads)
-    if running == 0:
-        return Reading(0.0, f"GetLoads: no stream running ({why})")
-    if throughput <= 0:
-        return Reading(None, f"GetLoads: {running} running, no throughput reported ({why})")
-    return Reading(
-        running / throughput,
-        f"GetLoads: {running} streams / {throughput:.0f} tokens/s ({why})",
-    )
 
 
 def _per_replica(values: list[float | None]) -> float | None:

@@ -49,16 +49,6 @@ class EngineLoad:
     waiting_tokens: int  # prompt tokens of the waiting requests
     gen_throughput: float  # tokens generated per second, as the engine measures it
 
-    def seconds_per_token(self) -> float | None:
-        """A stream's mean time between two tokens: the running streams share what the engine
-        generates per second. 0.0 when nothing runs; None when it runs streams but reports no
-        throughput (a fresh engine, or one that does not measure it)."""
-        if self.running <= 0:
-            return 0.0
-        if self.gen_throughput <= 0:
-            return None
-        return self.running / self.gen_throughput
-
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
     value = shift = 0

@@ -119,6 +119,27 @@ def histograms(text: str, names: tuple[str, ...]) -> dict[str, Buckets] | None:
     return {name: _buckets(families.get(name) or [], name) for name in names}
 
 
+Totals = dict[str, float]  # name -> a counter's (or a histogram's _sum) total
+
+
+def totals(text: str, wanted: dict[str, tuple[str, str, dict[str, str]]]) -> Totals | None:
+    """Counters' totals, by the caller's names: ``name -> (family, sample, labels)``, the
+    sample summed over the label sets that carry ``labels`` (0.0 for one not exported yet);
+    None when the text is not Prometheus text."""
+    families = _families(text)
+    if not families and text.strip():
+        return None
+    found: Totals = {}
+    for name, (family, sample, labels) in wanted.items():
+        values = [
+            v
+            for s, tags, v in families.get(family, [])
+            if s == sample and all(tags.get(k) == x for k, x in labels.items())
+        ]
+        found[name] = sum(v for v in values if math.isfinite(v) and v >= 0)
+    return found
+
+
 def gauge(text: str, names: tuple[str, ...]) -> float | None:
     """The first of ``names`` found, summed over its label sets."""
     families = _families(text)

@@ -137,7 +137,7 @@ def test_prefill_scales_on_the_routers_ttft_and_the_engines_queue(
     assert logged == []
 
 
-def test_decode_takes_the_engines_seconds_per_token_when_few_requests_stream(
+def test_decode_takes_the_routers_mean_per_token_when_few_requests_stream(
     setup: tuple[Scaler, Engines, list[str]],
 ) -> None:
     scaler, engines, _ = setup
@@ -147,17 +147,20 @@ def test_decode_takes_the_engines_seconds_per_token_when_few_requests_stream(
     states, routes = routed(plan, "decode")
     engines.loads = {
         one.port: {"num_running_reqs": 30, "gen_throughput": 300.0},
-        two.port: {"num_running_reqs": 10, "gen_throughput": 200.0},
+        two.port: {"num_running_reqs": 10, "num_waiting_reqs": 2, "gen_throughput": 200.0},
     }
     router(scaler, 0.0, scrape([], [], []))
-    router(scaler, 10.0, scrape([], [], [0.1] * 20))
+    # 20 requests, none streamed: 0.1 s of prefill, 4.1 s in all, 50 tokens each
+    router(scaler, 10.0, scrape([], [], [0.1] * 20, [4.1] * 20, 1000))
     signals = scaler._scrape_workers(
         "decode", policy, states, routes, 10.0, loads=loads(scaler, "decode")
     )
-    assert signals.latency == pytest.approx(40 / 500)  # 40 streams share 500 tokens/s
-    assert signals.source is not None and signals.source.startswith("GetLoads: 40 streams")
+    assert signals.latency == pytest.approx(20 * 4.0 / 1000)
+    assert signals.source is not None and "mean seconds per output token" in signals.source
+    assert signals.inflight_per_replica == pytest.approx(20.0)
+    assert signals.queue_per_replica == pytest.approx(1.0)
     # With streamed traffic the router's own TPOT speaks for it.
-    router(scaler, 20.0, scrape([0.1] * 20, [0.03] * 20, [0.1] * 40))
+    router(scaler, 20.0, scrape([0.1] * 20, [0.03] * 20, [0.1] * 40, [4.1] * 40, 2000))
     streamed = scaler._scrape_workers(
         "decode", policy, states, routes, 20.0, loads=loads(scaler, "decode")
     )
@@ -177,9 +180,12 @@ def test_an_engine_that_does_not_answer_getloads_is_missing_data_logged_once(
     server.stop(0)
     router(scaler, 0.0, scrape([], [], []))
     for now in (10.0, 12.0):
-        router(scaler, now, scrape([], [], [0.1] * 20))
+        router(scaler, now, scrape([], [], [0.1] * 20, [2.1] * 20, 400))
         signals = scaler._scrape_workers(
             "decode", policy, states, routes, now, loads=loads(scaler, "decode")
         )
-    assert signals.queue_per_replica is None and signals.latency is None  # hold on missing data
+    # The queue and in-flight are unknown (a latency scale-in then does not count on an empty
+    # queue); the latency is the router's, which decode/2's silence does not touch.
+    assert signals.queue_per_replica is None and signals.inflight_per_replica is None
+    assert signals.latency == pytest.approx(0.1)
     assert len([line for line in logged if "GetLoads of decode/2 unavailable" in line]) == 1

@@ -90,9 +90,3 @@ def test_any_bytes_decode_or_fail_cleanly(data: bytes) -> None:
         return
     assert min(load.running, load.waiting, load.waiting_tokens) >= 0
     assert math.isfinite(load.gen_throughput) and load.gen_throughput >= 0
-
-
-def test_seconds_per_token_is_the_streams_share_of_the_throughput() -> None:
-    assert EngineLoad(4, 0, 0, 100.0).seconds_per_token() == pytest.approx(0.04)
-    assert EngineLoad(0, 0, 0, 0.0).seconds_per_token() == 0.0  # idle
-    assert EngineLoad(3, 0, 0, 0.0).seconds_per_token() is None  # runs, says no rate

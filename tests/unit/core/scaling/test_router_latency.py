@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from pdctl.core.scaling.observe import histograms
 from pdctl.core.scaling.router_latency import (
     CLIENT_TPOT,
@@ -47,17 +49,32 @@ def histogram_text(name: str, labels: str, values: list[float]) -> list[str]:
     return lines
 
 
-def scrape(ttft: list[float], tpot: list[float], prefill: list[float]) -> str:
+def scrape(
+    ttft: list[float],
+    tpot: list[float],
+    prefill: list[float],
+    requests: list[float] | None = None,
+    output_tokens: float = 0.0,
+) -> str:
     """An SMG text with these observations since it started (a histogram with none is absent,
-    as SMG exports one only once observed)."""
+    as SMG exports one only once observed): ``requests`` the whole requests' durations,
+    ``output_tokens`` the tokens they produced."""
     lines: list[str] = []
     for name, labels, values in (
         (CLIENT_TTFT, LABELS, ttft),
         (CLIENT_TPOT, LABELS, tpot),
         (PREFILL_LEG, PD_LABELS, prefill),
+        ("smg_router_request_duration_seconds", LABELS, requests or []),
     ):
         if values:
             lines += histogram_text(name, labels, values)
+    if output_tokens:
+        lines += [
+            "# HELP smg_router_tokens_total x",
+            "# TYPE smg_router_tokens_total counter",
+            f'smg_router_tokens_total{{{LABELS},token_type="output"}} {output_tokens}',
+            f'smg_router_tokens_total{{{LABELS},token_type="input"}} {output_tokens * 50}',
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -72,15 +89,32 @@ def test_streamed_traffic_is_measured_by_the_clients_ttft() -> None:
     assert tpot.value is not None and 0.01 < tpot.value <= 0.025
 
 
-def test_unstreamed_traffic_takes_the_prefill_leg_and_leaves_itl_to_the_engines() -> None:
+def test_unstreamed_traffic_takes_the_prefill_leg_and_the_routers_mean_per_token() -> None:
+    """Few streamed requests: ttft is the prefill leg's p90; itl is what the requests spent
+    after their prefill leg over the tokens they produced, in the window."""
     latency = RouterLatency(window=60, min_span=5)
-    latency.add("r", 0.0, scrape([0.1], [0.01], [0.1]))
-    latency.add("r", 10.0, scrape([0.1, 0.1], [0.01, 0.01], [0.1] + [0.3] * 20))
+    latency.add("r", 0.0, scrape([0.1], [0.01], [0.1], [1.0], output_tokens=100))
+    latency.add(
+        "r",
+        10.0,
+        # 20 more requests: prefill legs of 0.3 s, 2.3 s in all, 100 tokens each
+        scrape([0.1, 0.1], [0.01, 0.01], [0.1] + [0.3] * 20, [1.0] + [2.3] * 20, 2100),
+    )
     reading = latency.ttft({"r"}, 0.9, 10.0, 30)
     assert reading.value is not None and 0.25 < reading.value <= 0.5
     assert PREFILL_LEG in reading.source and "few streamed" in reading.source
     tpot = latency.tpot({"r"}, 0.9, 10.0, 30)
-    assert tpot.value is None and "1 of 20 requests streamed" in tpot.source
+    assert tpot.value == pytest.approx(20 * 2.0 / 2000)  # 40 s of decoding over 2000 tokens
+    assert "mean seconds per output token" in tpot.source
+    assert "1 of 20 requests streamed" in tpot.source
+
+
+def test_no_token_counted_is_missing_data_for_the_mean() -> None:
+    latency = RouterLatency(window=60, min_span=5)
+    latency.add("r", 0.0, scrape([], [], []))
+    latency.add("r", 10.0, scrape([], [], [0.3] * 5, [1.0] * 5))
+    tpot = latency.tpot({"r"}, 0.9, 10.0, 30)
+    assert tpot.value is None and "no output token" in tpot.source
 
 
 def test_only_what_the_window_holds_counts() -> None:
