@@ -38,7 +38,9 @@ env:
 replicas:
   - count: 1
     commands:
-      - smg launch --host 0.0.0.0 --port 8000 --pd-disaggregation --prefill-policy round_robin --decode-policy round_robin
+      - >-
+        smg launch --host 0.0.0.0 --port 8000 --pd-disaggregation
+        --prefill-policy round_robin --decode-policy round_robin
     router:
       type: sglang
   - name: prefill
