@@ -10,9 +10,13 @@ inter-token latency are read where they are measured: at SMG, which in gRPC P/D 
   TTFT a prefill replica moves (its queue and its prompt work);
 - ``smg_router_tpot_seconds``: a streamed request's time per output token.
 
-The prefill group's ``ttft`` is the client's TTFT while at least half the window's requests
-were streamed (``STREAMED_SHARE``: its percentile then speaks for the traffic), else the prefill
-leg's. The decode group's ``itl`` is the TPOT under the same condition, else the router's mean
+The prefill group's ``ttft`` is the prefill leg's: the prefill worker's own time to its first
+token as SMG measures it on every request (its queue and its prompt work, what a prefill
+replica moves), as an HTTP SGLang group's is its workers' own histogram; the client's TTFT
+(``smg_router_ttft_seconds``, streamed requests only, which the decode's first token and the KV
+transfer add to) stands in only where the router exports no prefill leg. The decode group's
+``itl`` is the TPOT while at least half the window's requests were streamed
+(``STREAMED_SHARE``: its percentile then speaks for the traffic), else the router's mean
 seconds per output token over the window: what its requests spent after their prefill leg
 (``smg_router_request_duration_seconds`` less ``smg_pd_prefill_duration_seconds``, their sums)
 over the tokens they produced (``smg_router_tokens_total{token_type="output"}``); a mean, not a
@@ -79,6 +83,7 @@ class RouterLatency:
     min_span: float = 5.0
     windows: dict[str, LatencyWindow] = field(default_factory=dict)
     sums: dict[str, deque[tuple[float, Totals]]] = field(default_factory=dict)
+    legs_seen: bool = False  # the router exports the prefill leg (a P/D router does)
 
     def __post_init__(self) -> None:
         for name in ROUTER_HISTOGRAMS:
@@ -92,6 +97,7 @@ class RouterLatency:
             return False
         for name, buckets in found.items():
             self.windows[name].add(router, at, buckets)
+        self.legs_seen = self.legs_seen or bool(found[PREFILL_LEG])
         samples = self.sums.setdefault(router, deque())
         if not samples or at > samples[-1][0]:
             samples.append((at, counted))
@@ -134,19 +140,20 @@ class RouterLatency:
         return self.windows[name].observed(routers, now, stale_after)
 
     def ttft(self, routers: set[str], q: float, now: float, stale_after: float) -> Reading:
-        """The prefill group's TTFT percentile over the window."""
-        client = self._observed(CLIENT_TTFT, routers, now, stale_after)
+        """The prefill group's TTFT percentile over the window: the prefill leg's, else (a
+        router without it) the client's."""
         leg = self._observed(PREFILL_LEG, routers, now, stale_after)
-        if client is None and leg is None:
+        client = self._observed(CLIENT_TTFT, routers, now, stale_after)
+        if leg is None and client is None:
             return Reading(None, "no fresh router metrics")
-        streamed, requests = _count(client), _count(leg)
-        if streamed <= 0 and requests <= 0:
-            return Reading(0.0, "no request in the window")
-        if client and streamed > 0 and streamed >= STREAMED_SHARE * requests:
-            return _reading(client, q, f"{CLIENT_TTFT} ({streamed:.0f} streamed)")
+        requests, streamed = _count(leg), _count(client)
         if leg and requests > 0:
-            return _reading(leg, q, f"{PREFILL_LEG} ({requests:.0f} requests, few streamed)")
-        return Reading(None, "no prefill measurement in the window")
+            return _reading(leg, q, f"{PREFILL_LEG} ({requests:.0f} requests)")
+        if client and streamed > 0 and not self.legs_seen:
+            return _reading(client, q, f"{CLIENT_TTFT} ({streamed:.0f} streamed)")
+        if requests <= 0 and streamed <= 0:
+            return Reading(0.0, "no request in the window")
+        return Reading(None, "streamed requests but no prefill leg in the window")
 
     def tpot(self, routers: set[str], q: float, now: float, stale_after: float) -> Reading:
         """The decode group's time per output token over the window; None (with why) when too
