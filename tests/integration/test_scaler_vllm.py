@@ -168,11 +168,11 @@ class Load(threading.Thread):
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     require_lab()
     lab = start_lab(tmp_path_factory.mktemp("vscale"), hosts=4, cpu_hosts=1)
-    pdctl(lab.home, *lab.status()["fleet_add"].split()[1:])
     spec = lab.home / "pd.yml"
     spec.write_text(SPEC)
     env = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}
     try:
+        pdctl(lab.home, *lab.status()["fleet_add"].split()[1:])
         pdctl(lab.home, "deploy", str(spec), "--fleet", "lab", "-y", env=env)
         yield Deployed(lab, env)
     finally:
