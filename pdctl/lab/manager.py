@@ -429,6 +429,11 @@ def down(workspace: Workspace, progress: Progress) -> dict[str, Any]:
         current = lab.load()
         if current is None:
             return {"removed_hosts": [], "lab": None}
+        if registry.owner(current.lab_id) not in {None, lab.dir}:
+            # This lab was swept as stale and its id went to another workspace: the hosts,
+            # namespaces and bridge named after that id are the other lab's now.
+            shutil.rmtree(lab.dir, ignore_errors=True)
+            return {"removed_hosts": [], "lab": None}
         names = [h.name for h in current.hosts]
         progress(f"removing {len(names)} host(s)")
         _sweep(lab.dir, current, current.lab_id)

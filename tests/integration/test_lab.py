@@ -55,6 +55,22 @@ def test_up_is_idempotent(lab3: Lab) -> None:
     assert again["hosts"] == before["hosts"]
 
 
+def test_a_stale_copy_of_a_lab_cannot_take_down_the_lab_that_holds_its_id(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    """A workspace whose lab was swept as stale (its id reused by a live lab) runs `lab down`:
+    only its own records go; the live lab's hosts, named after the same id, keep running."""
+    stale = tmp_path / "stale"
+    (stale / ".pdctl" / "lab").mkdir(parents=True)
+    lab_json = lab3.home / ".pdctl" / "lab" / "lab.json"
+    (stale / ".pdctl" / "lab" / "lab.json").write_text(lab_json.read_text())
+    doc = pdctl_json(stale, "lab", "down")
+    assert doc["removed_hosts"] == [], doc
+    assert not (stale / ".pdctl" / "lab").exists()
+    for name in ("node1", "node2", "node3"):
+        assert lab3.ssh(name, "cat /proc/sys/kernel/hostname").stdout.strip() == name
+
+
 def test_ssh_as_root_and_sudo_user_with_own_identity(lab3: Lab) -> None:
     seen_ids, seen_keys = set(), set()
     for name in ("node1", "node2", "node3"):
