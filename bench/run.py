@@ -29,8 +29,10 @@ R = B / A (higher is better):
   lab: pdctl's scaler replacing the lost replica from a spare on another host versus a
   person's `pdctl fleet remove --force` + `pdctl deploy` with no scaler recovery
   (bench/host_loss.py).
-- scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/) and
-  bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS).
+- scaler-sim: bench/scaler_sim.py (trace replay; CSV and PNG per trace under bench/out/),
+  bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS)
+  and bench/scaler_budget.py (two services growing at once under one GPU budget: pdctl's
+  ledger versus scalers that do not know of each other, and a first-come counter).
 - fabric: `fleet check --fabric` on a lab of --hosts GPU hosts (a full mesh, round-robin
   rounds, every pair of a round at once) versus the same pairs one after another, as a
   hand-run script does them (bench/fabric.py).
@@ -57,6 +59,7 @@ from bench import (
     host_loss,
     model_fanout,
     scale_warm,
+    scaler_budget,
     scaler_phases,
     scaler_sim,
 )
@@ -356,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress("scaler-sim")
             scaler_sim.main(["--seconds", "600"] if args.dry_run else [])
             scaler_phases.main(["--seconds", "1800"] if args.dry_run else [])
+            scaler_budget.main(["--seconds", "1200"] if args.dry_run else [])
         if args.dry_run:
             dry_run(args.hosts, args.small)
             return 0

@@ -117,6 +117,14 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     f"offline fleet's mirror). [default: {DEFAULT_ENDPOINT}]",
 )
 @click.option(
+    "--gpu-budget",
+    type=int,
+    metavar="N",
+    help="GPUs the fleet's services may hold together: their scalers draw scale-outs from one "
+    "ledger on the router host they share; a scale-out past it is refused, the service "
+    "furthest from its SLO first. Takes effect at each service's next deploy. 0: no budget.",
+)
+@click.option(
     "--repin",
     is_flag=True,
     help="Forget and re-pin the host keys of the given hosts (and of --proxy-jump's host).",
@@ -142,6 +150,7 @@ def add(
     wheelhouse: str | None,
     model_cache: str | None,
     model_endpoint: str | None,
+    gpu_budget: int | None,
     repin: bool,
     yes: bool,
     fabric: bool,
@@ -182,6 +191,7 @@ def add(
         wheelhouse=wheelhouse,
         model_cache=model_cache,
         model_endpoint=model_endpoint,
+        gpu_budget=gpu_budget,
         repin=repin,
         fabric=fabric_options,
     )

@@ -13,7 +13,7 @@ from pdctl.cli.app import App, emit, pass_app
 from pdctl.core.errors import CheckFailed, InputError, PdctlError
 from pdctl.core.failover import plan_host_loss
 from pdctl.core.plan import WORKER_ROLES, Plan
-from pdctl.core.results import DeployResult, EndpointResult, StatusResult
+from pdctl.core.results import DeployResult, EndpointResult, ScalerStatus, StatusResult
 from pdctl.doors import service as services
 from pdctl.operations import deploy as deploys
 from pdctl.operations import destroy as destroys
@@ -316,13 +316,7 @@ def _render_status(app: App, doc: StatusResult) -> None:
     app.out.line(f"router on {router.host}: {router.state}")
     for host, why in doc.unreachable.items():
         app.out.line(f"{host}: unreachable: {why}")
-    scaler = doc.scaler
-    rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
-    app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}")
-    for host, seen in scaler.hosts.items():
-        app.out.line(f"scaler: {host} {seen.get('state')}: {seen.get('error') or 'no answer'}")
-    if scaler.fenced:
-        app.out.line(f"scaler: fenced until stopped on their host: {', '.join(scaler.fenced)}")
+    _render_scaler(app, doc.scaler)
     if doc.model is not None:
         hosts = ", ".join(f"{host} {state}" for host, state in doc.model.hosts.items())
         size = f", {doc.model.bytes / 1e6:.0f} MB" if doc.model.bytes else ""
@@ -350,6 +344,8 @@ def _render_status(app: App, doc: StatusResult) -> None:
         app.out.line(
             f"{role}: {group.running} running, desired {desired}{pinned}, bounds {bounds}{why}"
         )
+        if last is not None and last.refusal:
+            app.out.line(f"  scale-out refused: {last.refusal}")
         if group.host_loss is not None:
             loss = group.host_loss
             verdict = "survives" if loss.survives else "does NOT survive"
@@ -365,6 +361,34 @@ def _render_status(app: App, doc: StatusResult) -> None:
                 app.out.line(
                     f"{role}/{r.slot} {r.state} after {r.restarts} restart(s): {r.last_log}"
                 )
+
+
+def _render_scaler(app: App, scaler: ScalerStatus) -> None:
+    rps = "n/a" if scaler.rps is None else f"{scaler.rps:.2f}"
+    mode = ", advising only (acts on nothing)" if scaler.mode == "advise" else ""
+    app.out.line(f"scaler: {'running' if scaler.running else 'not running'}, rps {rps}{mode}")
+    if scaler.budget:
+        app.out.line(f"scaler: {_budget_line(scaler.budget)}")
+    for host, seen in scaler.hosts.items():
+        app.out.line(f"scaler: {host} {seen.get('state')}: {seen.get('error') or 'no answer'}")
+    if scaler.fenced:
+        app.out.line(f"scaler: fenced until stopped on their host: {', '.join(scaler.fenced)}")
+
+
+def _budget_line(budget: dict[str, Any]) -> str:
+    """e.g. "GPUs: this service 8 of max_gpus 16; fleet 20 of 20 (a 8, b 12)"."""
+    parts = []
+    if "using" in budget:
+        cap = f" of max_gpus {budget['max_gpus']}" if "max_gpus" in budget else ""
+        parts.append(f"this service {budget['using']}{cap}")
+    if "budget" in budget and "used" in budget:
+        holders = ", ".join(f"{k} {v}" for k, v in (budget.get("holders") or {}).items())
+        parts.append(
+            f"fleet {budget['used']} of {budget['budget']}" + (f" ({holders})" if holders else "")
+        )
+    if "error" in budget:
+        parts.append(f"ledger unavailable: {budget['error']}")
+    return "GPUs: " + "; ".join(parts)
 
 
 @click.command()

@@ -61,6 +61,9 @@ class FleetSettings(BaseModel):
     # a mirror of one (HF_ENDPOINT-style).
     model_cache: Annotated[str, AfterValidator(validate.host_path)] = layout.MODEL_CACHE
     model_endpoint: Annotated[str, AfterValidator(validate.endpoint_url)] = DEFAULT_ENDPOINT
+    # GPUs the fleet's services may hold together (`fleet add --gpu-budget`; None: no budget):
+    # their scalers draw scale-outs from one ledger on the router host they share.
+    gpu_budget: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 # What pd_preflight checks, by the role's variable: the fleet setting it comes from. `pdctl fleet

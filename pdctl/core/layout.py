@@ -59,6 +59,9 @@ SCALER_STATE = "state.json"
 # Where a scaler of an older pdctl recorded it: read when SCALER_STATE is not there yet.
 SCALER_STATE_LEGACY = "scaler.json"
 SCALER_PINS = "overrides.json"  # `pdctl scale`'s pins, which the scaler reads every tick
+# Under the state root, beside the services' directories (no service is named so: a service
+# name has no '_'): the fleets' GPU ledgers, one file per fleet (pdctl/onhost/gpu_ledger.py).
+GPU_LEDGER_DIR = "_gpu-budget"
 
 # ---------------------------------------------------------------- a slot's environment
 # What a slot's unit and container read from <group>.env and <group>-<k>.env (the plan writes
@@ -187,6 +190,14 @@ class Layout:
     @property
     def state_dir(self) -> str:
         return f"{self.roots.state_root}/{self.service}"
+
+    @property
+    def gpu_ledger_dir(self) -> str:
+        return f"{self.roots.state_root}/{GPU_LEDGER_DIR}"
+
+    def gpu_ledger(self, fleet: str) -> str:
+        """The fleet's GPU ledger, on the router host its budgeted services share."""
+        return f"{self.gpu_ledger_dir}/{fleet}.json"
 
     @property
     def router_home(self) -> str:

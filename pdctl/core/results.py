@@ -118,6 +118,11 @@ class ScalerStatus(BaseModel):
     hosts: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # slots it keeps out of service until it has stopped and disabled them (a lost host's)
     fenced: list[str] = Field(default_factory=list)
+    # act, or advise (pdctl.scaling.mode: it decides and records, and acts on nothing)
+    mode: Literal["act", "advise"] = "act"
+    # the GPU budget as the scaler last saw it: {budget, used, holders: {service: GPUs},
+    # using (this service), max_gpus, grants} or {error}; None: the service has none
+    budget: dict[str, Any] | None = None
 
 
 # serving: the router is ready and every host answers; degraded: the router is ready, but a

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pdctl.core.errors import HostError
 from pdctl.core.layout import UNITCTL
 from pdctl.core.plan import Plan, Slot
+from pdctl.core.scaling.engine_loads import GET_LOADS, EngineLoad, LoadsError, decode_loads
 from pdctl.core.unhealthy import Unhealthy, UnhealthyUnits, from_unitctl
 from pdctl.doors import ssh
 from pdctl.doors.router import Connector, Router, request
-from pdctl.onhost.grpc_health import grpc_healthy
+from pdctl.onhost.grpc_health import GrpcCallError, grpc_call, grpc_healthy
 
 HEALTH_POLL = 0.2  # seconds between probes of a starting slot
 UNIT_CHECK = 2.0  # seconds between looks at a starting slot's unit (has systemd given up?)
@@ -196,6 +197,25 @@ class Actuator:
         if response.status != 200:
             raise HostError(f"{slot.name}: GET /metrics answered {response.status}")
         return response.body.decode(errors="replace")
+
+    def loads(self, slot: Slot, timeout: float = PROBE_TIMEOUT) -> EngineLoad:
+        """A gRPC worker's load from its engine's GetLoads (running, waiting, tokens/s), asked
+        as SMG asks it (docs/facts.md, "A gRPC group's latency and load"). HostError when it
+        does not answer in time or answers what is not a GetLoads response."""
+        where = f"{slot.name} ({slot.address}:{slot.port})"
+        try:
+            stream = self.connector(self.targets[slot.host])(slot.address, slot.port)
+        except (OSError, HostError) as exc:
+            raise HostError(f"{where}: cannot reach its gRPC port: {exc}") from exc
+        try:
+            message = grpc_call(
+                stream, f"{slot.address}:{slot.port}", GET_LOADS[slot.engine], b"", timeout
+            )
+            return decode_loads(message, slot.engine)
+        except (GrpcCallError, LoadsError) as exc:
+            raise HostError(f"{where}: GetLoads: {exc}") from exc
+        finally:
+            stream.close()
 
     def why(self, slot: Slot) -> Unhealthy:
         """The slot's unit state, restart count and last journal lines (secrets masked)."""

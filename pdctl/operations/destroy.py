@@ -7,11 +7,12 @@ nothing was applied are left as they are.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from pdctl.core.errors import HostError, PdctlError
 from pdctl.core.results import DestroyResult
-from pdctl.doors import inventory, runner
+from pdctl.doors import inventory, runner, ssh
 from pdctl.doors import service as services
 from pdctl.doors.session import Session
 
@@ -30,6 +31,7 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
         with services.open_handle(session, plans[0], log=progress) as handle:
             if services.scaler_unit(handle, "stop"):  # else it would register the workers again
                 progress("stopped the scaler")
+            _release_gpus(handle, progress)
             for slot in plans[0].slots():
                 if handle.router.find(slot.url) is not None:
                     progress(f"deregistering and draining {slot.name}")
@@ -56,3 +58,25 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
         hosts.update(plan.hosts())
     services.forget(workspace, name)
     return DestroyResult(service=name, deregistered=deregistered, hosts=sorted(hosts))
+
+
+LEDGER_ENTRY = "pdctl.onhost.gpu_ledger_file"  # run on the router host to release the GPUs
+
+
+def _release_gpus(handle: services.Handle, progress: Progress) -> None:
+    """The service's GPUs leave its fleet's ledger (its scaler, stopped, reports no more): the
+    other services' scalers may grow into them."""
+    plan = handle.plan
+    if plan.gpu_budget is None:
+        return
+    params = {"path": plan.layout.gpu_ledger(plan.fleet), "release": plan.service}
+    target = handle.targets[plan.router.host]
+    become = handle.fleet.settings.become
+    try:
+        out = ssh.run_onhost(handle.pool, target, LEDGER_ENTRY, json.dumps(params), become=become)
+        held = json.loads(out).get("held")
+    except (PdctlError, OSError, ValueError) as exc:
+        progress(f"could not release its GPUs from the fleet's ledger: {exc}")
+        return
+    if held is not None:
+        progress(f"released its {held} GPU(s) from fleet {plan.fleet}'s budget")

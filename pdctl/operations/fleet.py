@@ -329,6 +329,7 @@ class AddOptions:
     model_endpoint: str | None = None
     repin: bool = False
     fabric: fabric_run.Options | None = None  # `--fabric`: test the new hosts' links too
+    gpu_budget: int | None = None  # `--gpu-budget N` (0: the fleet has none)
 
 
 def gpu_vendor_of(model: str) -> str:
@@ -398,6 +399,13 @@ def _settings(current: FleetSettings | None, options: AddOptions) -> FleetSettin
     for key_name, value in updates.items():
         if value is not None:
             setattr(settings, key_name, value)
+    if options.gpu_budget is not None:
+        if options.gpu_budget < 0:
+            raise InputError(
+                f"--gpu-budget {options.gpu_budget}: a number of GPUs",
+                hint="the GPUs the fleet's services may hold together (0: no budget)",
+            )
+        settings.gpu_budget = options.gpu_budget or None
     if options.gpu_vendor == "any" and options.gpu_model is None:
         settings.gpu_model = None  # a mixed fleet: any model, unless --gpu names one
     try:
@@ -485,11 +493,12 @@ def add(workspace: Workspace, name: str, options: AddOptions, progress: Progress
     fleet = (
         inventory.load(workspace, name) if inventory.exists(workspace, name) else Fleet(name=name)
     )
-    if not specs and not (options.proxy_jump and fleet.hosts):
+    if not specs and not (fleet.hosts and (options.proxy_jump or options.gpu_budget is not None)):
         raise InputError(
             "no hosts given",
             hint="pass --host [USER@]ADDR[:PORT] (repeatable) or --hosts-file; "
-            "--proxy-jump J --repin alone re-pins a fleet's jump host",
+            "--proxy-jump J --repin alone re-pins a fleet's jump host, --gpu-budget N alone "
+            "sets its GPU budget",
         )
     previous_jump = inventory.jump_target(fleet.settings) if fleet.hosts else None
     previous_settings = fleet.settings.model_copy()

@@ -17,6 +17,7 @@ from pdctl.core import layout
 from pdctl.core.ansible_data import unsafe_yaml
 from pdctl.core.errors import HostError, InputError
 from pdctl.core.plan import WORKER_ROLES, Plan, Slot, build, held_by
+from pdctl.core.scaling.budget import check_budgets
 from pdctl.core.spec import Env, Spec, load
 from pdctl.doors import inventory
 from pdctl.doors.session import Session
@@ -93,6 +94,7 @@ def make_plan(
             "it is; the scaler replaces their replicas while they are away)",
             unreachable=sorted(unread),
         )
+    check_budgets(plan, others)
     for host, why in unread.items():
         if unreachable is not None:
             unreachable[host] = why

@@ -129,6 +129,8 @@ def status(session: Session, name: str) -> StatusResult:
             recorded_at=(scaler or {}).get("at"),
             hosts=_scaler_hosts(scaler),
             fenced=[str(n) for n in (scaler or {}).get("fenced") or [] if isinstance(n, str)],
+            mode="advise" if (scaler or {}).get("mode") == "advise" else "act",
+            budget=_scaler_budget(scaler),
         ),
         groups=StatusGroups(
             router=RouterStatus(
@@ -159,6 +161,26 @@ def status_failure(doc: StatusResult) -> ServiceDown | None:
         if router.state.startswith("unreachable")
         else "no healthy prefill and decode worker: see the replicas above",
     )
+
+
+def _scaler_budget(scaler: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The GPU budget as the scaler recorded it (its own file: checked, not trusted)."""
+    budget = (scaler or {}).get("budget")
+    if not isinstance(budget, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for key in ("budget", "used", "using", "max_gpus"):
+        value = budget.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            kept[key] = value
+    holders = budget.get("holders")
+    if isinstance(holders, dict):
+        kept["holders"] = {
+            str(k): v for k, v in holders.items() if isinstance(v, int) and not isinstance(v, bool)
+        }
+    if isinstance(budget.get("error"), str):
+        kept["error"] = budget["error"][:500]
+    return kept
 
 
 def _scaler_hosts(scaler: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

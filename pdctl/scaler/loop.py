@@ -23,12 +23,13 @@ returns, stopped and disabled there before they can serve.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from typing import Any
 from pdctl.core import layout
 from pdctl.core.errors import HostError, PdctlError
 from pdctl.core.plan import WORKER_ROLES, Plan, Slot
+from pdctl.core.scaling.budget import hold, need, within_cap
 from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
+from pdctl.core.scaling.engine_loads import EngineLoad
 from pdctl.core.scaling.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
@@ -46,10 +49,14 @@ from pdctl.core.scaling.observe import (
     gauge,
     histogram,
 )
+from pdctl.core.scaling.router_latency import Reading, RouterLatency
 from pdctl.core.scaling.watch import Watch
 from pdctl.doors.router import Router, Worker, open_circuits, requests_total
 from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.onhost.gpu_ledger import Ask
+from pdctl.onhost.gpu_ledger_file import LedgerBusy
 from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.ledger_door import LedgerDoor
 from pdctl.scaler.metrics import Metrics
 
 Log = Callable[[str], None]
@@ -115,6 +122,7 @@ class WorkerSignals:
     queue_per_replica: float | None = None
     inflight_per_replica: float | None = None
     serving: int | None = None  # replicas routed to (a started one serves once registered)
+    source: str | None = None  # a gRPC group's latency: which measurement it is
 
 
 def scale_in_order(
@@ -159,7 +167,9 @@ class View:
     errors: dict[str, str]  # the hosts not read this tick: why
     workers: dict[str, Worker]  # the router's registrations, by URL
     health: dict[str, bool]  # running slots: whether the engine answered its health check
-    texts: dict[str, Answer[str]]  # latency groups' routed slots: their /metrics
+    texts: dict[str, Answer[str]]  # latency groups' routed HTTP slots: their /metrics
+    # latency groups' routed gRPC slots: their engines' GetLoads
+    loads: dict[str, Answer[EngineLoad]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,11 +210,18 @@ class Scaler:
         log: Log = print,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        advise: bool | None = None,
+        ledger: LedgerDoor | None = None,
     ) -> None:
         self.plan, self.actuator, self.router, self.store = plan, actuator, router, store
         failover = plan.failover
         self.interval = failover.interval if interval is None else interval
         self.log, self.clock = log, clock
+        # Advising: observe and decide, act on nothing (the spec's pdctl.scaling.mode, or
+        # `pdctl scaler advise` beside the acting scaler).
+        self.advise = plan.scaling_mode == "advise" if advise is None else advise
+        self.ledger = ledger
+        self.budget: dict[str, Any] | None = None  # the ledger's last answer, for the record
         self.probe_timeout = failover.probe_timeout
         # How long a tick waits for the hosts' unit states and the router: a host that takes
         # longer is silent for this tick (its last states stand) and holds up nothing.
@@ -216,10 +233,19 @@ class Scaler:
         ] = {}  # slot -> when this scaler started it (newest goes first)
         self.out_of_service_since: dict[str, float] = {}  # running, not (yet) routed to
         self.metrics = metrics or Metrics()
+        self.metrics.advising.set(1 if self.advise else 0)
         self.stop = threading.Event()
         self.last: dict[str, Decision] = {}
         self.rps: float | None = None
         self.windows: dict[str, LatencyWindow] = {}  # group -> its latency window
+        # gRPC latency groups: the router's histograms, windowed as each group's spec says
+        self.router_latency: dict[str, RouterLatency] = {}
+        self.router_key = f"{plan.router.address}:{plan.router.metrics_port}"
+        for role in WORKER_ROLES:
+            group = plan.groups[role]
+            span = float((group.scaling or {}).get("window") or 60.0)
+            if group.connection == "grpc" and role in self._latency_groups():
+                self.router_latency[role] = RouterLatency(span, min(5.0, span / 2))
         self.scrape_errors: dict[str, str] = {}  # slot -> last scrape problem (logged once)
         self.watch = Watch(failover.host_lost_after, failover.unhealthy_after)
         self.known: dict[str, SlotState] = {}  # slot -> its state when its host last answered
@@ -300,14 +326,14 @@ class Scaler:
                 errors[host] = self.host_errors[host] = _why(answer)
             for slot in slots:
                 states[slot.name] = self.known.get(slot.name) or SlotState(slot, UNREACHABLE, None)
-        health, texts = self._check_engines(states, workers)
-        return View(states, fresh, errors, workers, health, texts)
+        health, texts, loads = self._check_engines(states, workers)
+        return View(states, fresh, errors, workers, health, texts, loads)
 
     def _check_engines(
         self, states: dict[str, SlotState], workers: dict[str, Worker]
-    ) -> tuple[dict[str, bool], dict[str, Answer[str]]]:
+    ) -> tuple[dict[str, bool], dict[str, Answer[str]], dict[str, Answer[EngineLoad]]]:
         """Each running engine's own health check (and a latency group's routed engines'
-        /metrics), side by side, within the probe timeout."""
+        /metrics, or GetLoads for a gRPC worker), side by side, within the probe timeout."""
         checked = [
             s.slot for s in states.values() if s.running and not self.watch.off_limits(s.slot.name)
         ]
@@ -317,15 +343,26 @@ class Scaler:
             )
             for slot in checked
         }
-        latency = {
-            role for role in WORKER_ROLES if (self.plan.groups[role].scaling or {}).get("metric")
-        } - {"rps"}
+        routed = [
+            slot
+            for slot in checked
+            if slot.group in self._latency_groups()
+            and (w := workers.get(slot.url)) is not None
+            and w.healthy
+        ]
         scrapes = {
             slot.name: self.reads.submit(
                 f"metrics {slot.name}", partial(self.actuator.metrics, slot)
             )
-            for slot in checked
-            if slot.group in latency and (w := workers.get(slot.url)) is not None and w.healthy
+            for slot in routed
+            if slot.connection != "grpc"
+        }
+        asked = {
+            slot.name: self.reads.submit(
+                f"loads {slot.name}", partial(self.actuator.loads, slot, self.probe_timeout)
+            )
+            for slot in routed
+            if slot.connection == "grpc"
         }
         deadline = time.monotonic() + self.probe_timeout + 0.25
         # Not waited for again: the engines already failing and those of silent hosts (their
@@ -333,13 +370,25 @@ class Scaler:
         gather({n: f for n, f in probes.items() if not self._known_failing(n)}, deadline)
         answered = gather(probes, time.monotonic())
         texts = gather(scrapes, deadline)
+        loads = gather(asked, deadline)
         for name, answer in answered.items():
             if answer.answered:
                 self.reads.forget(f"health {name}")
         for name, text in texts.items():
             if text.answered:
                 self.reads.forget(f"metrics {name}")
-        return {name: bool(a.ok and a.value) for name, a in answered.items()}, texts
+        for name, load in loads.items():
+            if load.answered:
+                self.reads.forget(f"loads {name}")
+        health = {name: bool(a.ok and a.value) for name, a in answered.items()}
+        return health, texts, loads
+
+    def _latency_groups(self) -> set[str]:
+        return {
+            role
+            for role in WORKER_ROLES
+            if (self.plan.groups[role].scaling or {}).get("metric") not in (None, "rps")
+        }
 
     def _known_failing(self, name: str) -> bool:
         slot = self._slot(name)
@@ -354,6 +403,8 @@ class Scaler:
             except ValueError as exc:
                 self.log(f"metrics unreadable: {exc}")
             self.open_circuits = open_circuits(answer.value)
+            for latency in self.router_latency.values():
+                latency.add(self.router_key, now, answer.value)
         else:
             self.log(f"metrics unavailable: {_why(answer)}")
         self.rps = self.rate.rate(now, stale_after=max(30.0, 5 * self.interval))
@@ -366,10 +417,12 @@ class Scaler:
         workers: dict[str, Worker],
         now: float,
         texts: dict[str, Answer[str]] | None = None,
+        loads: dict[str, Answer[EngineLoad]] | None = None,
     ) -> WorkerSignals:
         """A latency group's percentile, queue and in-flight per replica, from the workers
         the router routes to (a replica still starting serves nothing yet). ``texts``: their
-        /metrics fetched already (by the tick, side by side); else fetched here."""
+        /metrics fetched already (by the tick, side by side); else fetched here. A gRPC
+        group's come from the router's histograms and its engines' GetLoads (``loads``)."""
         if policy.metric == "rps":
             return WorkerSignals()
         scaling = self.plan.groups[role].scaling or {}
@@ -386,6 +439,8 @@ class Scaler:
             and (w := workers.get(s.slot.url)) is not None
             and w.healthy
         ]
+        if role in self.router_latency:
+            return self._grpc_signals(role, policy, routed, now, loads or {})
         queued: list[float | None] = []
         running: list[float | None] = []
         for slot in routed:
@@ -410,6 +465,43 @@ class Scaler:
         percentile = float(scaling.get("percentile") or 90.0) / 100
         latency = window.percentile(names, percentile, now, stale_after) if names else None
         return WorkerSignals(latency, _per_replica(queued), _per_replica(running), len(routed))
+
+    def _grpc_signals(
+        self,
+        role: str,
+        policy: Policy,
+        routed: list[Slot],
+        now: float,
+        loads: dict[str, Answer[EngineLoad]],
+    ) -> WorkerSignals:
+        """A gRPC group's signals: its latency from the router's histograms and totals
+        (router_latency.py), its queue and in-flight from each routed engine's GetLoads."""
+        scaling = self.plan.groups[role].scaling or {}
+        stale_after = max(30.0, 5 * self.interval)
+        q = float(scaling.get("percentile") or 90.0) / 100
+        found: list[EngineLoad | None] = []
+        for slot in routed:
+            answer = loads.get(slot.name)
+            if answer is not None and answer.ok and answer.value is not None:
+                self.scrape_errors.pop(slot.name, None)
+                found.append(answer.value)
+                continue
+            why = _why(answer) if answer is not None else "not asked"
+            self._scrape_problem(slot.name, f"GetLoads of {slot.name} unavailable: {why}")
+            found.append(None)
+        known = [x for x in found if x is not None]
+        complete = bool(found) and len(known) == len(found)
+        latency = self.router_latency[role]
+        routers = {self.router_key}
+        if policy.metric == "ttft":
+            reading = latency.ttft(routers, q, now, stale_after)
+        else:
+            reading = latency.tpot(routers, q, now, stale_after)
+        queue = sum(x.waiting for x in known) / len(known) if complete else None
+        inflight = sum(x.running for x in known) / len(known) if complete else None
+        if not routed:
+            reading = Reading(None, "no routed replica")
+        return WorkerSignals(reading.value, queue, inflight, len(routed), reading.source)
 
     def _metrics_text(self, slot: Slot, texts: dict[str, Answer[str]] | None) -> str:
         if texts is None:
@@ -787,55 +879,151 @@ class Scaler:
 
     # -- one tick --------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:
+        """One round: observe, judge, decide, hold to the budget, act. An advising scaler
+        observes and decides only: it starts, stops, registers and replaces nothing."""
         self._collect()
         now = self.clock()
         view = self._observe(now)
         if view is None:
             return {}
-        self._judge_hosts(view, now)
-        self._judge_replicas(view, now)
-        self._kill_condemned(view, now)
-        self._reconcile(view)
-        self._reset_breakers(view, now)
+        if not self.advise:
+            self._judge_hosts(view, now)
+            self._judge_replicas(view, now)
+            self._kill_condemned(view, now)
+            self._reconcile(view)
+            self._reset_breakers(view, now)
         pins = self._pins()
-        decisions = {}
+        decisions: dict[str, Decision] = {}
+        befores: dict[str, History] = {}
+        signals: dict[str, WorkerSignals] = {}
         for role, policy in policies(self.plan, pins).items():
             if self.stop.is_set():
                 break
             available = len(self._available(role, view))
             members = self.watch.members(role, available)
-            signals = self._scrape_workers(role, policy, view.states, view.workers, now, view.texts)
+            signals[role] = found = self._scrape_workers(
+                role, policy, view.states, view.workers, now, view.texts, view.loads
+            )
             observation = Observation(
                 at=now,
                 rps=self.rps,
                 running=members,
-                inflight_per_replica=signals.inflight_per_replica,
-                latency=signals.latency,
-                queue_per_replica=signals.queue_per_replica,
-                serving=signals.serving,
+                inflight_per_replica=found.inflight_per_replica,
+                latency=found.latency,
+                queue_per_replica=found.queue_per_replica,
+                serving=found.serving,
             )
-            decision, self.histories[role] = decide(policy, observation, self.histories[role], now)
-            self.watch.settle(role, decision.desired)
+            befores[role] = self.histories[role]
+            decision, self.histories[role] = decide(policy, observation, befores[role], now)
+            if found.source is not None:
+                decision = dataclasses.replace(decision, source=found.source)
             decisions[role] = decision
+        decisions = self._hold_to_budget(decisions, befores, view, now)
+        for role, decision in decisions.items():
+            available = len(self._available(role, view))
+            self.watch.settle(role, decision.desired)
             self.metrics.decisions.labels(role, decision.action).inc()
             self.metrics.desired.labels(role).set(decision.desired)
             self.metrics.running.labels(role).set(available)
-            self._export(role, decision, signals)
+            self._export(role, decision, signals[role])
             if decision.action != "hold" or self._changed(role, decision):
                 rps = "none" if self.rps is None else f"{self.rps:.2f}"
+                source = f" source={decision.source}" if decision.source else ""
                 self.log(
-                    f"decision {role}: signal={decision.signal} "
+                    f"{'advice' if self.advise else 'decision'} {role}: "
+                    f"signal={decision.signal} "
                     f"value={_show(decision.signal, decision.value)} "
-                    f"target={_show(decision.signal, decision.target)} rps={rps} "
+                    f"target={_show(decision.signal, decision.target)} rps={rps}{source} "
                     f"desired={decision.desired} actual={available} "
                     f"action={decision.action} reason={decision.reason}"
                 )
             self.last[role] = decision
-            if not self.stop.is_set():
+            if not self.stop.is_set() and not self.advise:
                 self._converge(role, decision, view)
         if self.rps is not None:
             self.metrics.rps.set(self.rps)
         self._record(now, pins)
+        return decisions
+
+    # -- the GPU budget: growth drawn from the fleet's ledger and the service's max_gpus ------
+    def _hold_to_budget(
+        self,
+        decisions: dict[str, Decision],
+        befores: dict[str, History],
+        view: View,
+        now: float,
+    ) -> dict[str, Decision]:
+        """Each scale-out as far as the budget allows (pdctl/core/scaling/budget.py): the service's
+        own ``max_gpus``, then the fleet's ledger, which this tick also tells what the service
+        uses. An advising scaler asks what a draw would get and writes nothing. A ledger that
+        cannot be reached in time refuses the growth of this tick, nothing else."""
+        plan = self.plan
+        if plan.gpu_budget is None and plan.max_gpus is None:
+            return decisions
+        units = {role: plan.groups[role].gpus_per_replica for role in decisions}
+        available = {role: len(self._available(role, view)) for role in decisions}
+        using = sum(available[role] * units[role] for role in decisions)
+        needs = [
+            item
+            for role, decision in decisions.items()
+            if (
+                item := need(
+                    decision,
+                    available[role],
+                    plan.groups[role].min,
+                    len(self._free(role, view)),
+                    units[role],
+                )
+            )
+            is not None
+        ]
+        asked = {item.group: item.replicas for item in needs}
+        kept, why = within_cap(needs, using, plan.max_gpus)
+        granted = {item.group: item.replicas for item in kept}
+        if plan.gpu_budget is not None:
+            wants = {item.group: (item.gpus, item.unit, item.pressure) for item in kept}
+            ask = Ask(plan.service, plan.gpu_budget, using, self.interval, wants)
+            try:
+                if self.ledger is None:
+                    raise HostError("no GPU ledger configured for this scaler")
+                reach = self.ledger.look if self.advise else self.ledger.draw
+                answer, note = reach(ask, now)
+            except (PdctlError, LedgerBusy, OSError) as exc:
+                message = exc.message if isinstance(exc, PdctlError) else str(exc)
+                self._say("ledger", f"GPU ledger unavailable: {message}; no scale-out until it is")
+                granted = {}
+                why.update({item.group: f"GPU ledger unavailable: {message}" for item in kept})
+                self.budget = {"error": message, "budget": plan.gpu_budget, "using": using}
+            else:
+                self.said.discard("ledger")
+                if note:
+                    self._say(f"ledger note {note}", f"GPU ledger: {note}")
+                for item in kept:
+                    grant = answer.grants.get(item.group)
+                    granted[item.group] = (grant.gpus if grant else 0) // item.unit
+                    if grant is not None and grant.reason:
+                        why[item.group] = grant.reason
+                self.budget = {**answer.to_dict(), "using": using}
+                self.metrics.gpus.labels("budget").set(answer.budget)
+                self.metrics.gpus.labels("fleet_used").set(answer.used)
+        self.metrics.gpus.labels("service").set(using)
+        if plan.max_gpus is not None:
+            self.metrics.gpus.labels("max_gpus").set(plan.max_gpus)
+            self.budget = {**(self.budget or {}), "max_gpus": plan.max_gpus, "using": using}
+        for role, count in asked.items():
+            got = granted.get(role, 0)
+            if got >= count:
+                continue
+            decisions[role], self.histories[role] = hold(
+                decisions[role],
+                befores[role],
+                self.histories[role],
+                available[role],
+                count,
+                got,
+                why.get(role, "the GPU budget has no room"),
+            )
+            self.metrics.refusals.labels(role).inc()
         return decisions
 
     def _say(self, key: str, message: str) -> None:
@@ -875,6 +1063,8 @@ class Scaler:
             "groups": {role: d.to_dict() for role, d in self.last.items()},
             "hosts": hosts,
             "condemned": sorted(self.watch.condemned),
+            "mode": "advise" if self.advise else "act",
+            "budget": self.budget,
             **self.watch.to_dict(),
         }
         try:

@@ -61,6 +61,24 @@ class Metrics:
             ["group", "reason"],
             registry=r,
         )
+        self.refusals = Counter(
+            "pdctl_scaler_budget_refusals",
+            "Scale-outs the GPU budget (the fleet's ledger, max_gpus) refused or cut",
+            ["group"],
+            registry=r,
+        )
+        self.gpus = Gauge(
+            "pdctl_scaler_gpus",
+            "GPUs: budget (the fleet's), fleet_used (every service's, as the ledger counts), "
+            "service (this service's replicas), max_gpus (its own cap)",
+            ["kind"],
+            registry=r,
+        )
+        self.advising = Gauge(
+            "pdctl_scaler_advise_only",
+            "1 while the scaler only advises (acts on nothing)",
+            registry=r,
+        )
 
 
 def serve_metrics(metrics: Metrics, host: str, port: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from pdctl.doors.router import Router, tcp_connector
 from pdctl.doors.session import Session
 from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace
+from pdctl.scaler.ledger_door import LedgerDoor, local, read_only
 from pdctl.scaler.loop import Log, Scaler, Store
 
 
@@ -79,6 +80,7 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
         plan, pool, targets, router, sudo=False, log=log, connector=lambda _t: probe
     )
     interval = config.get("interval")
+    ledger = local(Path(plan.layout.gpu_ledger(plan.fleet))) if plan.gpu_budget else None
     try:
         yield (
             Scaler(
@@ -88,6 +90,7 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
                 Store.directory(Path(config["state_dir"])),
                 interval=float(interval) if interval not in (None, "") else None,
                 log=log,
+                ledger=ledger,
             ),
             config,
         )
@@ -117,13 +120,47 @@ def remote_store(pool: ssh.Pool, target: ssh.Target, directory: str) -> Store:
 
 @contextmanager
 def from_workspace(
-    workspace: Workspace, name: str, log: Log, interval: float | None = None
+    workspace: Workspace,
+    name: str,
+    log: Log,
+    interval: float | None = None,
+    *,
+    advise: bool = False,
 ) -> Iterator[Scaler]:
+    """A scaler for ``name`` run from the control node, over the operator's SSH access. An
+    advising one reads the acting scaler's record (its histories: the same cool-downs) and
+    the fleet's GPU ledger, and writes neither."""
     plan = services.load_plan(workspace, name)
-    with Session(workspace) as session, services.open_handle(session, plan, log=log) as handle:
-        yield Scaler(
-            plan, handle.actuator, handle.router, handle_store(handle), interval=interval, log=log
+    if plan.gpu_budget is not None and not advise:
+        raise InputError(
+            f"{name} draws from the GPU budget of fleet {plan.fleet}, whose ledger is on "
+            f"{plan.router.host}: its scaler runs there",
+            hint=f"let the deployed {layout.scaler_unit(name)} act; `pdctl scaler advise "
+            f"{name}` runs from here",
         )
+    with Session(workspace) as session, services.open_handle(session, plan, log=log) as handle:
+        store = handle_store(handle)
+        ledger: LedgerDoor | None = None
+        if advise:
+            store = Store(store.read, lambda _name, _text: None)
+            ledger = read_only(_remote_ledger(handle)) if plan.gpu_budget else None
+        yield Scaler(
+            plan,
+            handle.actuator,
+            handle.router,
+            store,
+            interval=interval,
+            log=log,
+            advise=advise or None,
+            ledger=ledger,
+        )
+
+
+def _remote_ledger(handle: services.Handle) -> Callable[[], str | None]:
+    plan = handle.plan
+    directory = plan.layout.gpu_ledger_dir
+    store = remote_store(handle.pool, handle.targets[plan.router.host], directory)
+    return lambda: store.read(f"{plan.fleet}.json")
 
 
 def handle_store(handle: services.Handle) -> Store:

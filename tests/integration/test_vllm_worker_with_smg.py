@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
+from pdctl.core.scaling.engine_loads import GET_LOADS, EngineLoad, decode_loads
+from pdctl.onhost.grpc_health import grpc_call
 from tests.integration.test_worker_with_smg import (
     FAST_HEALTH,
     SMG,
@@ -290,3 +293,31 @@ def test_a_second_worker_on_a_taken_side_channel_port_fails_to_start(pd: PD, ben
     assert clash.proc.wait(timeout=20) == 1
     assert f"cannot listen on 127.0.0.1:{pd.prefill.side_port}" in clash.log()
     assert "its own VLLM_NIXL_SIDE_CHANNEL_PORT" in clash.log()
+
+
+def test_the_scalers_getloads_call_reads_the_engines_load(pd: PD) -> None:
+    """pdctl's own h2c call (no grpcio: the scaler's) asks GetLoads as SMG does; under load
+    the decode reports the streams it runs, as the generated stub reads them."""
+    answers = [
+        threading.Thread(
+            target=request,
+            args=(pd.router, "POST", "/v1/chat/completions", chat("x " * 5, max_tokens=150)),
+            daemon=True,
+        )
+        for _ in range(3)
+    ]
+    for thread in answers:
+        thread.start()
+
+    def load() -> EngineLoad:
+        with socket.create_connection(("127.0.0.1", pd.decode.port), timeout=5) as stream:
+            message = grpc_call(stream, f"127.0.0.1:{pd.decode.port}", GET_LOADS["vllm"], b"", 5)
+        return decode_loads(message, "vllm")
+
+    wait_for(lambda: load().running == 3, 20, 0.1, what="three running streams")
+    stubbed = pd.decode.stub().GetLoads(pb.GetLoadsRequest(), timeout=5).loads[0]
+    assert stubbed.num_running_reqs == 3
+    for thread in answers:
+        thread.join(60)
+    wait_for(lambda: load().gen_throughput > 0, 10, 0.2, what="tokens per second")
+    assert load().running == 0

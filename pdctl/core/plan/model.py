@@ -7,7 +7,7 @@ a plan.yml written by `pdctl plan -o`).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
@@ -252,6 +252,12 @@ class Plan(BaseModel):
     roots: Roots = Field(default_factory=Roots)
     # What the scaler does about replicas and hosts that stop answering; N+1 asked or not.
     failover: FailoverPlan = Field(default_factory=FailoverPlan)
+    # The scaler acts, or only advises (pdctl.scaling.mode); the GPUs the service may hold
+    # (pdctl.scaling.max_gpus) and the fleet's budget it draws from (`fleet add --gpu-budget`),
+    # whose ledger is on the router host (None: no cap, no budget).
+    scaling_mode: Literal["act", "advise"] = "act"
+    max_gpus: int | None = None
+    gpu_budget: int | None = None
 
     @property
     def layout(self) -> Layout:

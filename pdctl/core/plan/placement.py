@@ -459,4 +459,7 @@ def _plan(
             **settings.scaler.model_dump(),
             survive_host_loss=settings.placement.survive_host_loss,
         ),
+        scaling_mode=settings.scaling.mode,
+        max_gpus=settings.scaling.max_gpus,
+        gpu_budget=fleet.settings.gpu_budget,
     )

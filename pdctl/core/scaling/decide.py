@@ -203,6 +203,9 @@ class Decision:
     signal: str | None = None  # the metric that decided ("rps", "ttft", "itl", "inflight")
     value: float | None = None  # its observed value (rps, or seconds)
     target: float | None = None  # its target (per replica for rps, seconds for latency)
+    # why a scale-out the signals asked for was refused or cut (the GPU budget, max_gpus)
+    refusal: str | None = None
+    source: str | None = None  # where a latency came from, when not the workers' own metrics
 
     def signal_text(self) -> str | None:
         """e.g. "ttft 620 ms, target 500 ms" or "rps 3.20, target 2.00 per replica"."""
@@ -228,6 +231,8 @@ class Decision:
             "signal": self.signal,
             "value": self.value,
             "target": self.target,
+            "refusal": self.refusal,
+            "source": self.source,
         }
 
 

@@ -84,27 +84,60 @@ def _families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     return found
 
 
+def _buckets(samples: list[tuple[str, dict[str, str], float]], name: str) -> Buckets:
+    buckets: Buckets = {}
+    for sample, labels, value in samples:
+        if sample != f"{name}_bucket" or "le" not in labels:
+            continue
+        try:
+            le = float(labels["le"])
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0 and not math.isnan(le):
+            buckets[le] = buckets.get(le, 0.0) + value
+    return buckets
+
+
 def histogram(text: str, names: tuple[str, ...]) -> Buckets | None:
     """The first of ``names`` found: its cumulative bucket counts summed over its label sets
     (one per served model), or None when the worker exports none of them."""
     families = _families(text)
     for name in names:
-        samples = families.get(name)
-        if not samples:
-            continue
-        buckets: Buckets = {}
-        for sample, labels, value in samples:
-            if sample != f"{name}_bucket" or "le" not in labels:
-                continue
-            try:
-                le = float(labels["le"])
-            except ValueError:
-                continue
-            if math.isfinite(value) and value >= 0 and not math.isnan(le):
-                buckets[le] = buckets.get(le, 0.0) + value
+        buckets = _buckets(families.get(name) or [], name)
         if buckets:
             return buckets
     return None
+
+
+def histograms(text: str, names: tuple[str, ...]) -> dict[str, Buckets] | None:
+    """Each of ``names`` the text exports, summed over its label sets ({} for one it does not
+    export yet: a histogram appears with its first observation); None when the text is not
+    Prometheus text (parsed once for all of them)."""
+    families = _families(text)
+    if not families and text.strip():
+        return None
+    return {name: _buckets(families.get(name) or [], name) for name in names}
+
+
+Totals = dict[str, float]  # name -> a counter's (or a histogram's _sum) total
+
+
+def totals(text: str, wanted: dict[str, tuple[str, str, dict[str, str]]]) -> Totals | None:
+    """Counters' totals, by the caller's names: ``name -> (family, sample, labels)``, the
+    sample summed over the label sets that carry ``labels`` (0.0 for one not exported yet);
+    None when the text is not Prometheus text."""
+    families = _families(text)
+    if not families and text.strip():
+        return None
+    found: Totals = {}
+    for name, (family, sample, labels) in wanted.items():
+        values = [
+            v
+            for s, tags, v in families.get(family, [])
+            if s == sample and all(tags.get(k) == x for k, x in labels.items())
+        ]
+        found[name] = sum(v for v in values if math.isfinite(v) and v >= 0)
+    return found
 
 
 def gauge(text: str, names: tuple[str, ...]) -> float | None:

@@ -284,7 +284,9 @@ def _scaling_error(path: Path, located: Located, index: int, problem: str, hint:
 
 
 def check_scaling(spec: Spec, path: Path, located: Located) -> None:
-    """A latency metric scales the phase it measures, from metrics the worker exports."""
+    """A latency metric scales the phase it measures: an HTTP worker's from its /metrics, a
+    gRPC worker's (vLLM, SGLang --grpc-mode) from the router's histograms and its engine's
+    GetLoads (pdctl/core/scaling/router_latency.py)."""
     for index, group in enumerate(spec.replicas):
         worker = group.role
         scaling = group.scaling
@@ -298,15 +300,6 @@ def check_scaling(spec: Spec, path: Path, located: Located) -> None:
                 f"the {worker} group cannot move it",
                 f"scale the {worker} group on {right} (or rps)",
             )
-        if scaling.metric not in LATENCY_METRICS:
-            continue
-        if group.connection == "grpc":
-            worker_kind = "a vLLM" if group.engine == "vllm" else f"an SGLang ({GRPC_MODE})"
-            raise refuse(
-                f"{scaling.metric} is read from the workers' HTTP /metrics, and {worker_kind} "
-                "gRPC worker serves no HTTP",
-                f"scale the {worker} group on rps (SMG counts its requests)",
-            )
 
 
 # SGLang serves /metrics only with this flag; pdctl adds it where a group scales on latency.
@@ -314,10 +307,13 @@ METRICS_FLAG = "--enable-metrics"
 
 
 def added_flags(group: ReplicaGroup) -> tuple[str, ...]:
-    """Flags pdctl adds to a worker group's launch: --enable-metrics for an SGLang group that
-    scales on ttft or itl (the scaler reads them from the workers' /metrics) and lacks it."""
+    """Flags pdctl adds to a worker group's launch: --enable-metrics for an SGLang HTTP group
+    that scales on ttft or itl (the scaler reads them from the workers' /metrics) and lacks it
+    (a gRPC group's come from the router and GetLoads)."""
     scaling = group.scaling
     if scaling is None or scaling.metric not in LATENCY_METRICS or group.engine != "sglang":
+        return ()
+    if group.connection == "grpc":
         return ()
     launch = find_launch(group.commands)
     return () if launch is None or launch.has_flag(METRICS_FLAG) else (METRICS_FLAG,)

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     Field,
+    StrictInt,
 )
 
 from pdctl.core import failover, layout, validate
@@ -89,6 +90,21 @@ class PdctlScaler(Strict):
     kill_after: Annotated[Delay, Field(le=600)] = failover.KILL_AFTER
 
 
+class PdctlScaling(Strict):
+    """What the service's scaler may do: act or only advise, and how many GPUs it may hold."""
+
+    mode: Literal["act", "advise"] = Field(
+        "act",
+        description="advise: the scaler observes and decides, records and exports its "
+        "decisions, and acts on nothing (trust the policy first; `pdctl scaler advise` shows it).",
+    )
+    max_gpus: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+        None,
+        description="GPUs the service's replicas may hold at most: a scale-out past it is "
+        "refused, and shown so (status, metrics). The fleet's --gpu-budget applies too.",
+    )
+
+
 class PdctlSettings(Strict):
     """Settings only pdctl reads; they sit under one top-level key so dstack files stay readable."""
 
@@ -116,6 +132,7 @@ class PdctlSettings(Strict):
     ports: PdctlPorts = Field(default_factory=PdctlPorts)
     placement: PdctlPlacement = Field(default_factory=PdctlPlacement)
     scaler: PdctlScaler = Field(default_factory=PdctlScaler)
+    scaling: PdctlScaling = Field(default_factory=PdctlScaling)
     wheelhouse: HostPath | None = Field(
         None, description="Directory of wheels on the router host (offline SMG install)."
     )

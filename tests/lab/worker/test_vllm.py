@@ -17,19 +17,21 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
+from smg_grpc_proto import vllm_engine_pb2 as pb
 
 from pdctl.lab.worker.common import tokenizer
 from pdctl.lab.worker.common.grpc_serving import Refused
 from pdctl.lab.worker.common.settings import StateFile
 from pdctl.lab.worker.vllm.cli import Config, UsageError, parse
 from pdctl.lab.worker.vllm.engine import Engine, SideChannel
-from pdctl.lab.worker.vllm.server import start_failure
+from pdctl.lab.worker.vllm.server import VllmEngineServicer, start_failure
 from tests.support import worker_tree_dir
 
 NIXL = '{"kv_connector": "NixlConnector", "kv_role": "%s"}'
@@ -293,3 +295,73 @@ def test_not_serving_while_loading_then_serving_then_drains_on_sigterm(tmp_path:
     assert seen[0] == health_pb2.HealthCheckResponse.NOT_SERVING
     assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
     assert proc.returncode == 0 and "Drained; shutting down." in stderr
+
+
+# --------------------------------------------------------------------------- GetLoads
+
+
+def _generate(engine: Engine, words: int, max_tokens: int) -> None:
+    """One answer through the capacity model, as the servicer's Generate paces it."""
+    engine.begin()
+    try:
+        plan = engine.plan(
+            f"r{time.monotonic_ns()}", [tokenizer.USER] + [10] * words, max_tokens, None
+        )
+        for index in range(len(plan.words)):
+            plan.pace.token(index)
+        plan.pace.finish()
+    finally:
+        engine.end()
+
+
+def _loads(engine: Engine) -> Any:
+    return VllmEngineServicer(engine).GetLoads(pb.GetLoadsRequest(), None)
+
+
+def test_get_loads_reports_the_prefill_queue_of_the_capacity_model(tmp_path: Path) -> None:
+    """Prompts queue behind one another on the prefill slot: GetLoads names the one running,
+    the ones waiting and their prompt tokens, as vLLM's servicer reports its scheduler's."""
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"worker_latency_ms": 0, "prefill_tokens_per_s": 200}))
+    engine = Engine(config("kv_both"), StateFile(path), 0)
+    threads = [
+        threading.Thread(target=_generate, args=(engine, 99, 1), daemon=True) for _ in range(3)
+    ]
+    for thread in threads:  # 100 prompt tokens each: 0.5 s apiece on the slot
+        thread.start()
+        time.sleep(0.05)
+    (load,) = _loads(engine).loads
+    assert (load.num_running_reqs, load.num_waiting_reqs) == (1, 2)
+    assert load.num_total_reqs == 3
+    assert load.num_waiting_uncached_tokens == 2 * 100  # two prompts of 100 input ids wait
+    assert load.max_running_requests == engine.cfg.max_num_seqs
+    for thread in threads:
+        thread.join(10)
+    (idle,) = _loads(engine).loads
+    assert (idle.num_running_reqs, idle.num_waiting_reqs, idle.num_waiting_uncached_tokens) == (
+        0,
+        0,
+        0,
+    )
+
+
+def test_get_loads_throughput_is_tokens_as_produced(tmp_path: Path) -> None:
+    """Decode streams share the decode rate: gen_throughput counts tokens as they come (not
+    when answers end), so running / gen_throughput is the streams' inter-token latency."""
+    path = tmp_path / "state.json"
+    path.write_text(
+        json.dumps({"worker_latency_ms": 0, "prefill_tokens_per_s": 0, "decode_tokens_per_s": 100})
+    )
+    engine = Engine(config("kv_both"), StateFile(path), 0)
+    streams = [
+        threading.Thread(target=_generate, args=(engine, 2, 100), daemon=True) for _ in range(4)
+    ]
+    for stream in streams:
+        stream.start()
+    time.sleep(3.0)  # 4 streams x 25 tokens/s each (4 s of answer), 3 s of the 10 s window
+    (load,) = _loads(engine).loads
+    assert load.num_running_reqs == 4
+    assert 20 <= load.gen_throughput <= 40  # ~300 tokens / 10 s
+    assert load.token_usage > 0 and load.num_used_tokens == 4 * 512
+    for stream in streams:
+        stream.join(10)

@@ -349,8 +349,9 @@ def worker_connector(world_hosts: dict[str, WorkerHost], timeout: float) -> Any:
     return connect
 
 
-def make_world(tmp: Path, keys: Keys) -> Iterator[World]:
-    plan = fast_plan()
+def make_world(tmp: Path, keys: Keys, plan: Plan | None = None) -> Iterator[World]:
+    """The world of ``plan`` (the fast lab plan by default), deployed."""
+    plan = plan or fast_plan()
     by_host: dict[str, list[Slot]] = {}
     for slot in plan.slots():
         by_host.setdefault(slot.host, []).append(slot)

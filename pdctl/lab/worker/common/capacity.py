@@ -20,7 +20,7 @@ import http.client
 import json
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -44,6 +44,7 @@ DEFAULT_DECODE_TOKEN_FLOOR_MS = 10.0
 KV_ARRIVAL_GRACE_SECS = 2.0
 KV_WAIT_LIMIT_SECS = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT's default (docs/facts.md)
 ROOMS_KEPT = 4096
+THROUGHPUT_WINDOW_SECS = 10.0  # the span gen_throughput averages over
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class PrefillSlot:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free_at = 0.0
-        self._booked: list[tuple[float, float]] = []
+        self._booked: list[tuple[float, float, int]] = []  # start, end, prompt tokens
 
     def book(self, tokens: int, tokens_per_s: float) -> tuple[float, float]:
         """(start, end) of a prefill of ``tokens`` arriving now."""
@@ -76,16 +77,52 @@ class PrefillSlot:
             start = max(now, self._free_at)
             end = start + work
             self._free_at = end
-            self._booked.append((start, end))
+            self._booked.append((start, end, tokens))
             return start, end
+
+    def _pending(self, now: float) -> list[tuple[float, float, int]]:
+        self._booked = [b for b in self._booked if b[1] > now]
+        return self._booked
 
     def load(self) -> tuple[int, int]:
         """(running, queued) prefills now."""
         now = time.monotonic()
         with self._lock:
-            self._booked = [(s, e) for s, e in self._booked if e > now]
-            running = sum(1 for s, _ in self._booked if s <= now)
-            return running, len(self._booked) - running
+            pending = self._pending(now)
+            running = sum(1 for start, _, _ in pending if start <= now)
+            return running, len(pending) - running
+
+    def queued_tokens(self) -> int:
+        """Prompt tokens of the prefills still waiting for the slot (what vLLM's and SGLang's
+        ``num_waiting_uncached_tokens`` count: this model has no prefix cache)."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(tokens for start, _, tokens in self._pending(now) if start > now)
+
+
+class TokenRate:
+    """Tokens generated per second over the last ``window`` seconds, counted as each token is
+    produced (as an engine's scheduler reports ``gen_throughput``), not when answers end."""
+
+    def __init__(self, window: float = THROUGHPUT_WINDOW_SECS) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._seen: deque[tuple[float, int]] = deque()
+
+    def add(self, tokens: int = 1) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._seen.append((now, tokens))
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        while self._seen and self._seen[0][0] < now - self.window:
+            self._seen.popleft()
+
+    def per_second(self) -> float:
+        with self._lock:
+            self._prune(time.monotonic())
+            return round(sum(n for _, n in self._seen) / self.window, 2)
 
 
 class DecodeSlot:
@@ -188,6 +225,7 @@ class Capacity:
         self.ttft = Histogram(ttft_buckets)
         self.itl = Histogram(itl_buckets)
         self.e2e = Histogram(e2e_buckets)
+        self.tokens = TokenRate()
 
 
 def wait_for_kv(host: str, port: int, room: str) -> str:
@@ -252,6 +290,7 @@ class Pace:
             time.sleep(max(0.0, end - time.monotonic()))
         self.last = time.monotonic()
         cap.ttft.observe(self.last - self.started)
+        cap.tokens.add()
         if self.mode != "prefill":
             cap.decode.enter()
             self.decoding = True
@@ -261,6 +300,7 @@ class Pace:
         now = time.monotonic()
         if self.last is not None:
             self.capacity.itl.observe(now - self.last)
+        self.capacity.tokens.add()
         self.last = now
 
     def finish(self) -> None:

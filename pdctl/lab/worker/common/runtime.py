@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from . import settings
 from .capacity import Capacity, Rates
 
-THROUGHPUT_WINDOW_SECS = 10.0
+# The KV pool both engines report in their loads: a running request is said to hold this many
+# tokens of it (the stand-ins keep no real KV cache).
+MAX_TOTAL_NUM_TOKENS = 131072
+TOKENS_PER_RUNNING_REQUEST = 512
+
+
+def rank_share(total: int, ranks: int, rank: int) -> int:
+    """DP rank ``rank``'s part of ``total`` spread over ``ranks`` (the first ones take the
+    remainder), as an engine's ranks each report their own queue."""
+    return total // ranks + (1 if rank < total % ranks else 0)
 
 
 class Runtime:
@@ -25,7 +33,6 @@ class Runtime:
         self.requests_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self._recent: deque[tuple[float, int]] = deque()
 
     @property
     def draining(self) -> bool:
@@ -67,7 +74,6 @@ class Runtime:
         with self._cond:
             self.prompt_tokens_total += prompt_tokens
             self.generation_tokens_total += completion_tokens
-            self._recent.append((time.monotonic(), completion_tokens))
 
     def end(self) -> None:
         """One generation left (answered, refused or aborted)."""
@@ -87,10 +93,14 @@ class Runtime:
                 self._cond.wait()
 
     def gen_throughput(self) -> float:
-        """Generated tokens per second over the last few seconds."""
-        horizon = time.monotonic() - THROUGHPUT_WINDOW_SECS
-        with self._cond:
-            while self._recent and self._recent[0][0] < horizon:
-                self._recent.popleft()
-            tokens = sum(count for _, count in self._recent)
-        return round(tokens / THROUGHPUT_WINDOW_SECS, 2)
+        """Generated tokens per second over the last few seconds, as they were produced."""
+        return self.capacity.tokens.per_second()
+
+    def token_usage(self, running: int | None = None) -> float:
+        """Share of the KV pool the running requests are said to hold."""
+        used = (self.inflight if running is None else running) * TOKENS_PER_RUNNING_REQUEST
+        return round(min(1.0, used / MAX_TOTAL_NUM_TOKENS), 4)
+
+    def queued_tokens(self) -> int:
+        """Prompt tokens of the generations waiting for the prefill slot."""
+        return self.capacity.prefill.queued_tokens()

@@ -91,8 +91,8 @@ from ..common.words import count_tokens, fit, pieces
 VERSION = "0.5.x-pdctl-lab"
 DEFAULT_BOOTSTRAP_PORT = 8998
 MAX_MODEL_LEN = 32768
-MAX_TOTAL_NUM_TOKENS = 131072
-TOKENS_PER_RUNNING_REQUEST = 512  # KV tokens a running request is said to hold
+MAX_TOTAL_NUM_TOKENS = common_runtime.MAX_TOTAL_NUM_TOKENS
+TOKENS_PER_RUNNING_REQUEST = common_runtime.TOKENS_PER_RUNNING_REQUEST
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 BOOTSTRAP_TIMEOUT_SECS = 2.0
 # Transfer backends that move KV caches without RDMA; all others need a verbs provider.
@@ -292,11 +292,6 @@ class Runtime(common_runtime.Runtime):
         capacity = Capacity(cfg.ttft_buckets, cfg.itl_buckets, cfg.e2e_buckets)
         super().__init__(state, warmup_secs, capacity)
         self.cfg = cfg
-
-    def token_usage(self, running: int | None = None) -> float:
-        """Share of the KV pool the running requests are said to hold."""
-        used = (self.inflight if running is None else running) * TOKENS_PER_RUNNING_REQUEST
-        return round(min(1.0, used / MAX_TOTAL_NUM_TOKENS), 4)
 
 
 # --------------------------------------------------------------------------- generation
@@ -968,14 +963,14 @@ def rank_load(rt: Runtime, rank: int, include: set[str]) -> Json:
     """One DP rank's entry of /v1/loads, with the optional sections SGLang adds."""
     dp = rt.cfg.dp_size
     busy, queued = rt.load()
-    running = busy // dp + (1 if rank < busy % dp else 0)
-    waiting = queued // dp + (1 if rank < queued % dp else 0)
+    running = common_runtime.rank_share(busy, dp, rank)
+    waiting = common_runtime.rank_share(queued, dp, rank)
     used = running * TOKENS_PER_RUNNING_REQUEST
     load: Json = {
         "dp_rank": rank,
         "num_running_reqs": running,
         "num_waiting_reqs": waiting,
-        "num_waiting_uncached_tokens": 0,
+        "num_waiting_uncached_tokens": common_runtime.rank_share(rt.queued_tokens(), dp, rank),
         "num_used_tokens": used,
         "num_total_tokens": used,
         "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,

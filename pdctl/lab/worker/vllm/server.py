@@ -31,6 +31,7 @@ from .. import model_cache
 from ..common import grpc_serving, settings, tokenizer
 from ..common.devices import gpu_failure, missing_provider, nic_failure, verbs_warning
 from ..common.grpc_serving import HealthServicer, Refused, abort
+from ..common.runtime import MAX_TOTAL_NUM_TOKENS, TOKENS_PER_RUNNING_REQUEST, rank_share
 from .cli import Config, UsageError, parse
 from .engine import Engine, Plan, SideChannel, log
 
@@ -91,21 +92,33 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):  # type: ignore[misc]
         )
 
     def GetLoads(self, request: Any, context: Any) -> Any:
-        running, waiting = self.engine.load()
-        dp = self.cfg.data_parallel_size
-        loads = [
-            pb.SchedulerLoad(
-                dp_rank=rank,
-                num_running_reqs=running // dp + (1 if rank < running % dp else 0),
-                num_waiting_reqs=waiting // dp + (1 if rank < waiting % dp else 0),
-                num_total_reqs=(running + waiting) // dp,
-                gen_throughput=self.engine.gen_throughput() / dp,
-                utilization=running / dp / self.cfg.max_num_seqs,
-                max_running_requests=self.cfg.max_num_seqs,
+        """The capacity model's load (common/capacity.py), as vLLM's servicer reads its
+        scheduler stats: requests running and waiting for the prefill slot, the waiting
+        prompt tokens, the KV pool's use and the tokens generated per second, per DP rank."""
+        engine, dp = self.engine, self.cfg.data_parallel_size
+        running, waiting = engine.load()
+        queued_tokens = engine.queued_tokens()
+        loads = []
+        for rank in range(dp):
+            if request.HasField("dp_rank") and request.dp_rank != rank:
+                continue
+            busy = rank_share(running, dp, rank)
+            queued = rank_share(waiting, dp, rank)
+            loads.append(
+                pb.SchedulerLoad(
+                    dp_rank=rank,
+                    num_running_reqs=busy,
+                    num_waiting_reqs=queued,
+                    num_total_reqs=busy + queued,
+                    num_used_tokens=busy * TOKENS_PER_RUNNING_REQUEST,
+                    max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
+                    token_usage=engine.token_usage(busy),
+                    gen_throughput=round(engine.gen_throughput() / dp, 2),
+                    utilization=round(busy / self.cfg.max_num_seqs, 4),
+                    max_running_requests=self.cfg.max_num_seqs,
+                    num_waiting_uncached_tokens=rank_share(queued_tokens, dp, rank),
+                )
             )
-            for rank in range(dp)
-            if not request.HasField("dp_rank") or request.dp_rank == rank
-        ]
         return pb.GetLoadsResponse(
             timestamp=datetime.now(UTC).isoformat(),
             version=VERSION,

@@ -98,14 +98,14 @@ def test_a_service_is_grpc_in_both_groups_or_neither() -> None:
     assert "\n" not in error.one_line()
 
 
-def test_latency_scaling_needs_the_workers_http_metrics() -> None:
+def test_latency_scaling_plans_without_the_workers_http_metrics() -> None:
+    """A gRPC worker serves no /metrics: its latency comes from the router and GetLoads, so
+    no --enable-metrics is added to its command."""
     scaled = "count: 1..2\n    scaling: {metric: itl, target: 50ms}\n    "
-    error = refused(spec_text(decode_extra=scaled))
-    line = error.one_line()
-    assert "itl is read from the workers' HTTP /metrics" in line
-    assert "an SGLang (--grpc-mode) gRPC worker serves no HTTP" in line
-    assert "scale the decode group on rps" in line
-    # rps needs only SMG's counter: it plans.
+    plan = plan_of(spec_text(decode_extra=scaled))
+    decode = plan.groups["decode"]
+    assert decode.max == 2 and decode.scaling is not None and decode.scaling["metric"] == "itl"
+    assert decode.connection == "grpc" and "--enable-metrics" not in decode.script
     rps = "count: 1..2\n    scaling: {metric: rps, target: 2}\n    "
     assert plan_of(spec_text(decode_extra=rps)).groups["decode"].max == 2
 

@@ -152,11 +152,16 @@ def test_the_side_channel_is_pdctls_per_slot() -> None:
         assert not slot.port <= slot.side_channel_port < slot.port + plan.port_stride
 
 
-def test_latency_scaling_needs_http_metrics() -> None:
+def test_latency_scaling_is_read_from_the_router_and_getloads() -> None:
+    """A vLLM worker serves no HTTP /metrics: its itl comes from SMG and GetLoads, so the
+    group plans with its scaling as written (the scaler's part: test_scaler_grpc_signals)."""
     text = spec_text().replace(
         "  - name: d\n", "  - name: d\n    count: 1..2\n    scaling: {metric: itl, target: 50ms}\n"
     )
-    assert "a vLLM gRPC worker serves no HTTP" in refused(text)
+    spec, _ = parse(text, Path("pd.yml"), ENV)
+    decode = spec.group("decode")
+    assert decode.scaling is not None and decode.scaling.metric == "itl"
+    assert decode.scaling.target == pytest.approx(0.05)
 
 
 # --- the plan ------------------------------------------------------------------------------

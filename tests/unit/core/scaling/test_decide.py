@@ -341,6 +341,8 @@ def test_to_dict_and_history_round_trip() -> None:
         "signal": "rps",
         "value": 7.9,
         "target": 2.0,
+        "refusal": None,
+        "source": None,
     }
     assert History.from_dict(history.to_dict()) == history
     assert History.from_dict({}) == History()
