@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdctl import launch as launches
+from pdctl import layout
 from pdctl.launch import Launch, LaunchError
 
 __all__ = [
@@ -84,9 +85,9 @@ def shell_words(command: str) -> list[Word]:
     return _parse(command).words
 
 
-PORT = "$PDCTL_PORT"
-HOST = "$PDCTL_HOST"
-BOOTSTRAP_PORT = "$PDCTL_BOOTSTRAP_PORT"
+PORT = f"${layout.ENV_PORT}"
+HOST = f"${layout.ENV_HOST}"
+BOOTSTRAP_PORT = f"${layout.ENV_BOOTSTRAP_PORT}"
 
 
 def worker_script(

@@ -33,7 +33,11 @@ def host_name(address: str, port: int) -> str:
 
 
 class FleetSettings(BaseModel):
-    """Fleet-wide settings: how to connect, and what every GPU host must have."""
+    """Fleet-wide settings: how to connect, and what every GPU host must have.
+
+    The defaults of what a GPU host must have are the one home of the preflight's
+    expectations: the pd_preflight role's defaults, its module's and pdctl/hardware.py's
+    Expectations are held equal to them (tests/unit/test_role_facts.py)."""
 
     identity_file: str | None = None
     proxy_jump: str | None = None
@@ -56,6 +60,21 @@ class FleetSettings(BaseModel):
     # a mirror of one (HF_ENDPOINT-style).
     model_cache: Annotated[str, AfterValidator(validate.host_path)] = layout.MODEL_CACHE
     model_endpoint: Annotated[str, AfterValidator(validate.endpoint_url)] = DEFAULT_ENDPOINT
+
+
+# What pd_preflight checks, by the role's variable: the fleet setting it comes from. `pdctl fleet
+# add` writes the fleet's values under these names (pdctl/inventory.py).
+PREFLIGHT_VARS = {
+    "pd_preflight_expected_gpus": "expect_gpus",
+    "pd_preflight_expected_nics": "expect_nics",
+    "pd_preflight_gpu_model": "gpu_model",
+    "pd_preflight_gpu_vendor": "gpu_vendor",
+    "pd_preflight_nic_driver": "nic_driver",
+    "pd_preflight_link_layer": "link_layer",
+    "pd_preflight_provider_lib": "provider_lib",
+    "pd_preflight_gid_index": "gid_index",
+    "pd_preflight_min_disk_gb": "min_disk_gb",
+}
 
 
 class Preflight(BaseModel):

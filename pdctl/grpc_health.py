@@ -3,8 +3,8 @@
 Standard library only, and one implementation for both places that ask: pdctl and the scaler
 call grpc_healthy() over a stream they open (an SSH channel to the worker's host), and the
 roles' probe runs this file's text on the hosts, which have python3 and its standard library
-only, ahead of templates/unit-probe.py's (the pd_worker role and playbooks/scale.yml join the
-two; pyproject.toml ships this file with the Ansible content).
+only, ahead of templates/unit-probe.py's (the pd_health role's wait joins the two;
+pyproject.toml ships this file with the Ansible content).
 
 The call asks, by default, vLLM's ``vllm.grpc.engine.VllmEngine/HealthCheck``: what SMG itself
 calls, served by both of vLLM's gRPC entry points (docs/facts.md, "vLLM P/D behind SMG"). Its

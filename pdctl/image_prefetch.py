@@ -92,7 +92,7 @@ def fanned_out(ref: str) -> bool:
 
 def plan_images(plan: Plan) -> dict[str, list[str]]:
     """Each worker image of the plan -> the hosts with a slot that runs it (spares too), as
-    pd_runtime's pd_runtime_images lists them per host."""
+    the pd_runtime role finds them per host (its _pd_runtime_images)."""
     needs: dict[str, list[str]] = {}
     for role in WORKER_ROLES:
         group = plan.groups[role]

@@ -23,6 +23,7 @@ from pdctl import validate
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.errors import InputError, NotFound
 from pdctl.fleet_model import (
+    PREFLIGHT_VARS,
     FabricRecord,
     Fleet,
     FleetHost,
@@ -187,19 +188,7 @@ def save(workspace: Workspace, fleet: Fleet) -> Path:
     if settings.identity_file:
         all_vars["ansible_ssh_private_key_file"] = settings.identity_file
     # What pd_preflight checks, from the fleet's settings (the role's own names).
-    all_vars.update(
-        {
-            "pd_preflight_expected_gpus": settings.expect_gpus,
-            "pd_preflight_expected_nics": settings.expect_nics,
-            "pd_preflight_gpu_model": settings.gpu_model,
-            "pd_preflight_gpu_vendor": settings.gpu_vendor,
-            "pd_preflight_nic_driver": settings.nic_driver,
-            "pd_preflight_link_layer": settings.link_layer,
-            "pd_preflight_provider_lib": settings.provider_lib,
-            "pd_preflight_gid_index": settings.gid_index,
-            "pd_preflight_min_disk_gb": settings.min_disk_gb,
-        }
-    )
+    all_vars.update({var: getattr(settings, field) for var, field in PREFLIGHT_VARS.items()})
     _dump(directory / "group_vars/all.yml", all_vars, "fleet-wide settings (pdctl fleet add)")
     for kind, group in GROUPS.items():
         _dump(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -28,13 +28,19 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 
 # ---------------------------------------------------------------- fixed places
 UNIT_DIR = "/etc/systemd/system"
-# The only command pdctl and the scaler run on a worker host (templates/pdctl-unitctl.sh);
+# The only command pdctl and the scaler run on a worker host (pd_worker's pdctl-unitctl.sh.j2);
 # authorized_keys and sudoers name it, so it cannot move with a plan.
 UNITCTL = "/usr/local/libexec/pdctl-unitctl"
 SUDOERS_DIR = "/etc/sudoers.d"
 RUN_DIR = "/run/pdctl"  # the scaler's lock: one scaler per service on a host
 SCALER_USER = "pdctl-scaler"
 SCALER_USER_HOME = f"/var/lib/{SCALER_USER}"
+
+# ---------------------------------------------------------------- the worker groups
+# A slot's group names its unit, container and files; the roles read the groups as the keys
+# of pd_layout.groups, so no task spells them.
+Group = Literal["prefill", "decode"]
+GROUPS: tuple[Group, ...] = get_args(Group)
 
 # ---------------------------------------------------------------- files of a config dir
 SERVICE_ENV = "service.env"
@@ -47,12 +53,52 @@ ROUTER_LAUNCHER = "router_launch.py"  # in the router's install dir
 SMG_VENV_PREFIX = "smg-"  # <install root>/smg-<version>: one venv per SMG version
 SCALER_INSTALL = "scaler"  # <install root>/scaler: shared by the host's scalers
 
+# ---------------------------------------------------------------- files of a state dir
+# What the scaler records every tick (fences, its heartbeat): named apart from its config.
+SCALER_STATE = "state.json"
+# Where a scaler of an older pdctl recorded it: read when SCALER_STATE is not there yet.
+SCALER_STATE_LEGACY = "scaler.json"
+SCALER_PINS = "overrides.json"  # `pdctl scale`'s pins, which the scaler reads every tick
+
+# ---------------------------------------------------------------- a slot's environment
+# What a slot's unit and container read from <group>.env and <group>-<k>.env (the plan writes
+# the slot's, pdctl/plan.py Slot.env; the pd_worker role the group's). The unit template and
+# the group scripts read them by these names, and pdctl/holdings_probe.py reads other
+# services' back: tests/unit/test_role_facts.py holds every spelling to this table.
+ENV_IMAGE = "PDCTL_IMAGE"  # <group>.env: the group's image
+ENV_CONFIG = "PDCTL_CONFIG"  # <group>.env: its config identity (the containers' pdctl.config)
+ENV_SLOT = "PDCTL_SLOT"  # group/index
+ENV_HOST = "PDCTL_HOST"  # the address the slot listens on
+ENV_PORT = "PDCTL_PORT"
+ENV_BOOTSTRAP_PORT = "PDCTL_BOOTSTRAP_PORT"  # an SGLang prefill's
+ENV_KV_PORT = "PDCTL_KV_PORT"  # a vLLM slot's KV connector listener
+ENV_GPU_IDS = "PDCTL_GPU_IDS"  # "0,1": the host's GPU indices
+ENV_DEVICE_ARGS = "PDCTL_DEVICE_ARGS"  # the runtime flags giving the container those GPUs
+ENV_RDMA_DEVICES = "PDCTL_RDMA_DEVICES"  # the NICs nearest them
+SLOT_ENV_NAMES = (
+    ENV_IMAGE,
+    ENV_CONFIG,
+    ENV_SLOT,
+    ENV_HOST,
+    ENV_PORT,
+    ENV_BOOTSTRAP_PORT,
+    ENV_KV_PORT,
+    ENV_GPU_IDS,
+    ENV_DEVICE_ARGS,
+    ENV_RDMA_DEVICES,
+)
+# router.env: the router's API key, which the launcher hands to SMG (templates/router_launch.py).
+ENV_ROUTER_API_KEY = "PDCTL_ROUTER_API_KEY"
+
 # ---------------------------------------------------------------- defaults
 START_TIMEOUT = 1800  # seconds a replica may take to become healthy
 STOP_TIMEOUT = 600  # seconds a replica may take to drain on stop
 PROBE_URL = "/health"
 PROBE_INTERVAL = 15  # seconds between probes
 PROBE_TIMEOUT = 10  # seconds one probe may take
+# The scaler's own metrics on 127.0.0.1 of the router host: the plan's first choice (another
+# service's scaler there takes the next free port) and the pd_scaler role's default.
+SCALER_METRICS_PORT = 29100
 # Candidate container storage paths: the first that exists is measured for free space.
 STORAGE_PATHS = ("/var/lib/containers", "/var/lib/docker", "/var/lib")
 
@@ -191,6 +237,7 @@ class Layout:
                     "env": self.group_env(group),
                     "script": self.group_script(group),
                     "container": container(svc, group, "%i"),  # %i: the slot index
+                    "slot_env": self.slot_env(group, "%i"),
                     "unit": worker_unit(svc, group),
                     "instances": slot_unit(svc, group, "*"),
                 }

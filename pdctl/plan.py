@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
@@ -47,8 +47,8 @@ from pdctl.spec import (
 )
 from pdctl.versions import SMG_VERSION
 
-WorkerRole = Literal["prefill", "decode"]
-WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode")
+WorkerRole = layout.Group
+WORKER_ROLES = layout.GROUPS
 # Where Debian/Ubuntu images (SGLang's, ROCm's, CUDA's) look for libibverbs providers: the
 # host's library is mounted there under its own file name.
 CONTAINER_PROVIDER_DIR = "/usr/lib/x86_64-linux-gnu/libibverbs"
@@ -58,10 +58,10 @@ CONTAINER_PROVIDER_LIB = f"{CONTAINER_PROVIDER_DIR}/libbnxt_re-rdmav34.so"
 UCX_BACKENDS = frozenset({"nixl", "NixlConnector"})
 RENDER_MINOR_BASE = 128
 CDI_KIND = "nvidia.com/gpu"
-# pd_scaler's metrics listener on the router host (roles/pd_scaler/defaults): the first
-# choice; a service whose router host already has another service's scaler takes the next
-# free port (the plan's scaler_metrics_port, pd_scaler_metrics_port of the extra-vars).
-SCALER_METRICS_PORT = 29100
+# The scaler's metrics listener on the router host: the first choice; a service whose router
+# host already has another service's scaler takes the next free port (the plan's
+# scaler_metrics_port, pd_scaler_metrics_port of the extra-vars).
+SCALER_METRICS_PORT = layout.SCALER_METRICS_PORT
 # What the listeners of a service are called in plans and refusals.
 ROUTER = "router"
 ROUTER_METRICS = "router's metrics"
@@ -167,25 +167,25 @@ class Slot(BaseModel):
         ExecStart): its words are flags and device names, never quoted text."""
         ids = ",".join(str(g) for g in self.gpus)
         env = {
-            "PDCTL_SLOT": self.name,
-            "PDCTL_HOST": self.address,
-            "PDCTL_PORT": str(self.port),
-            "PDCTL_GPU_IDS": ids,
+            layout.ENV_SLOT: self.name,
+            layout.ENV_HOST: self.address,
+            layout.ENV_PORT: str(self.port),
+            layout.ENV_GPU_IDS: ids,
         }
         if self.vendor == "amd":
             env["ROCR_VISIBLE_DEVICES"] = ids
         env["DSTACK_GPUS_NUM"] = str(len(self.gpus))
-        env["PDCTL_DEVICE_ARGS"] = " ".join(self.device_args())
+        env[layout.ENV_DEVICE_ARGS] = " ".join(self.device_args())
         if self.bootstrap_port is not None:
-            env["PDCTL_BOOTSTRAP_PORT"] = str(self.bootstrap_port)
+            env[layout.ENV_BOOTSTRAP_PORT] = str(self.bootstrap_port)
         if self.side_channel_port is not None:
             # The address the other side's workers reach this host at (docs/facts.md).
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.address
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
         if self.kv_port is not None:  # for other workspaces' plans (holdings_probe.py)
-            env["PDCTL_KV_PORT"] = str(self.kv_port)
+            env[layout.ENV_KV_PORT] = str(self.kv_port)
         if self.rdma_devices:
-            env["PDCTL_RDMA_DEVICES"] = ",".join(self.rdma_devices)
+            env[layout.ENV_RDMA_DEVICES] = ",".join(self.rdma_devices)
         if self.ucx_net_devices:
             env["UCX_NET_DEVICES"] = ",".join(self.ucx_net_devices)
         return env

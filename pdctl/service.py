@@ -165,7 +165,7 @@ def _api_key(pool: ssh.Pool, target: ssh.Target, path: str) -> str:
     result = pool.run(target, f"sudo -n cat {path}")
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "PDCTL_ROUTER_API_KEY" and value.strip():
+        if key.strip() == layout.ENV_ROUTER_API_KEY and value.strip():
             return value.strip()
     raise HostError(
         f"{target.label}: cannot read the router's API key from {path}",

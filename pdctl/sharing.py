@@ -43,7 +43,7 @@ PROBE_WHERE = {
     "unit_dir": layout.UNIT_DIR,
     "router_units": layout.router_unit("*"),
 }
-_SLOT = re.compile(r"(prefill|decode)-([1-9][0-9]{0,3})")
+_SLOT = re.compile(f"({'|'.join(layout.GROUPS)})-([1-9][0-9]{{0,3}})")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
 _GPU_IDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{1,3}){0,63}")
 # holdings_probe.py's names for a service's own listeners.
@@ -137,22 +137,22 @@ def _slot(host: str, service: Any, stem: Any, values: Any) -> list[Held]:
         return []
     name = f"{match[1]}/{match[2]}"
     held = []
-    ids = values.get("PDCTL_GPU_IDS")
+    ids = values.get(layout.ENV_GPU_IDS)
     gpus: tuple[int, ...] = ()
     if isinstance(ids, str) and _GPU_IDS.fullmatch(ids):
         gpus = tuple(sorted({int(g) for g in ids.split(",")}))
         held.append(Held(service, host, name, gpus=gpus))
-    port = _port(values.get("PDCTL_PORT"))
+    port = _port(values.get(layout.ENV_PORT))
     if port:
         held.append(Held(service, host, name, ports=(port, port + MIN_PORT_STRIDE - 1)))
-    bootstrap = _port(values.get("PDCTL_BOOTSTRAP_PORT"))
+    bootstrap = _port(values.get(layout.ENV_BOOTSTRAP_PORT))
     if bootstrap:
         held.append(Held(service, host, bootstrap_of(name), ports=(bootstrap, bootstrap)))
     side_channel = _port(values.get("VLLM_NIXL_SIDE_CHANNEL_PORT"))
     if side_channel:  # a vLLM slot's ranks take one port each from it (pdctl/plan.py)
         last = min(side_channel + max(len(gpus), 1) - 1, 65535)
         held.append(Held(service, host, side_channel_of(name), ports=(side_channel, last)))
-    kv_port = _port(values.get("PDCTL_KV_PORT"))
+    kv_port = _port(values.get(layout.ENV_KV_PORT))
     if kv_port:  # its ranks take the next ports, one per GPU (pdctl/plan.py)
         last = min(kv_port + max(len(gpus), 1) - 1, 65535)
         held.append(Held(service, host, kv_of(name), ports=(kv_port, last)))

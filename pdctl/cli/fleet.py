@@ -11,7 +11,10 @@ from pdctl import fleet as fleets
 from pdctl import layout
 from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
-from pdctl.fleet_model import DEFAULT_ENDPOINT
+from pdctl.fleet_model import DEFAULT_ENDPOINT, FleetSettings
+
+# What every GPU host must have unless the options say otherwise (FleetSettings is its home).
+EXPECT = FleetSettings()
 
 
 @click.group()
@@ -59,14 +62,22 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     "--proxy-jump", metavar="[USER@]HOST[:PORT]", help="Reach the hosts through this jump host."
 )
 @click.option("--become/--no-become", default=None, help="Use sudo on the hosts. [default: become]")
-@click.option("--expect-nics", type=int, help="RDMA NICs every GPU host must have. [default: 8]")
-@click.option("--expect-gpus", type=int, help="GPUs every GPU host must have. [default: 8]")
+@click.option(
+    "--expect-nics",
+    type=int,
+    help=f"RDMA NICs every GPU host must have. [default: {EXPECT.expect_nics}]",
+)
+@click.option(
+    "--expect-gpus",
+    type=int,
+    help=f"GPUs every GPU host must have. [default: {EXPECT.expect_gpus}]",
+)
 @click.option(
     "--gpu",
     "gpu_model",
     metavar="MODEL",
     help="The GPU model every GPU host must have, as dstack spells it (H200, H100, A100, "
-    "MI300X); sets the GPU vendor too. [default: MI300X]",
+    f"MI300X); sets the GPU vendor too. [default: {EXPECT.gpu_model}]",
 )
 @click.option(
     "--gpu-vendor",
@@ -78,13 +89,13 @@ def _render_report(app: App, doc: dict[str, Any]) -> None:
     "--nic-driver",
     metavar="DRIVER",
     help="The RDMA NICs' driver (the libibverbs provider's name): bnxt_re, mlx5, irdma, ..., or "
-    "auto (each host's own; a mixed fleet). [default: bnxt_re]",
+    f"auto (each host's own; a mixed fleet). [default: {EXPECT.nic_driver}]",
 )
 @click.option(
     "--link-layer",
     type=click.Choice(["eth", "ib", "auto"]),
     help="The RDMA fabric: eth (RoCE: a RoCE v2 GID at MC_GID_INDEX), ib (InfiniBand: a LID "
-    "per port), or auto (each host's own). [default: eth]",
+    f"per port), or auto (each host's own). [default: {EXPECT.link_layer}]",
 )
 @click.option(
     "--wheelhouse",

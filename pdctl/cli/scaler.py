@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from pdctl.cli.app import App, pass_app
-from pdctl.layout import Layout
+from pdctl.layout import GROUPS, Layout
 from pdctl.scaler import control
 from pdctl.scaler.loop import serve_metrics, service_lock, stop_on_signals
 from pdctl.scaler.setup import default_config, from_workspace, on_host
@@ -77,7 +77,7 @@ def run(
 
 @click.command()
 @click.argument("service")
-@click.argument("group", type=click.Choice(["prefill", "decode"]))
+@click.argument("group", type=click.Choice(GROUPS))
 @click.argument("count", metavar="N|auto")
 @pass_app
 def scale(app: App, service: str, group: str, count: str) -> None:

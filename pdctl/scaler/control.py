@@ -20,7 +20,7 @@ HEARTBEAT_GRACE = 15.0
 
 def recorded(store: Store) -> dict[str, Any] | None:
     try:
-        doc = json.loads(store.read("scaler.json") or "null")
+        doc = json.loads(store.state() or "null")
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
@@ -60,14 +60,14 @@ def pin(
     with services.open_handle(workspace, plan, log=progress) as handle:
         store = handle_store(handle)
         try:
-            pins = json.loads(store.read("overrides.json") or "{}")
+            pins = json.loads(store.pins() or "{}")
         except ValueError:
             pins = {}
         if wanted is None:
             pins.pop(group, None)
         else:
             pins[group] = wanted
-        store.write("overrides.json", json.dumps(pins, indent=2, sort_keys=True))
+        store.write(layout.SCALER_PINS, json.dumps(pins, indent=2, sort_keys=True))
         if wanted is None:
             return {
                 "service": name,

@@ -39,6 +39,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from pdctl import layout
 from pdctl.errors import EnvironmentProblem, HostError, PdctlError
 from pdctl.plan import WORKER_ROLES, Plan, Slot
 from pdctl.router import Router, Worker, open_circuits, requests_total
@@ -80,6 +81,15 @@ class Store:
             tmp.replace(path / name)
 
         return cls(read, write)
+
+    def state(self) -> str | None:
+        """What the scaler last recorded (under its older name, by an older pdctl's scaler)."""
+        text = self.read(layout.SCALER_STATE)
+        return text if text is not None else self.read(layout.SCALER_STATE_LEGACY)
+
+    def pins(self) -> str | None:
+        """`pdctl scale`'s pins, as the operator last wrote them."""
+        return self.read(layout.SCALER_PINS)
 
 
 def policies(plan: Plan, pins: dict[str, int]) -> dict[str, Policy]:
@@ -304,7 +314,7 @@ class Scaler:
 
     def _restore(self) -> None:
         try:
-            previous = json.loads(self.store.read("scaler.json") or "{}")
+            previous = json.loads(self.store.state() or "{}")
         except (ValueError, PdctlError, OSError):
             return
         if previous.get("service") != self.plan.service:
@@ -491,14 +501,14 @@ class Scaler:
 
     def _pins(self) -> dict[str, int]:
         try:
-            text = self.store.read("overrides.json")
+            text = self.store.pins()
         except (PdctlError, OSError) as exc:
             self.log(f"pins unreadable ({exc}): none applied this tick")
             return {}
         try:
             pins = json.loads(text) if text else {}
         except ValueError:
-            self.log("overrides.json is not JSON: ignored")
+            self.log(f"{layout.SCALER_PINS} is not JSON: ignored")
             return {}
         return {k: int(v) for k, v in pins.items() if k in WORKER_ROLES and isinstance(v, int)}
 
@@ -943,7 +953,7 @@ class Scaler:
             **self.watch.to_dict(),
         }
         try:
-            self.store.write("scaler.json", json.dumps(doc, indent=2))
+            self.store.write(layout.SCALER_STATE, json.dumps(doc, indent=2))
         except (OSError, PdctlError) as exc:
             self.log(f"could not record state: {exc}")
 

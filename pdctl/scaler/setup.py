@@ -36,9 +36,9 @@ def default_config(service: str) -> Path:
 def _read_key(path: Path) -> str:
     for line in path.read_text().splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "PDCTL_ROUTER_API_KEY":
+        if key.strip() == layout.ENV_ROUTER_API_KEY:
             return value.strip()
-    raise InputError(f"{path} has no PDCTL_ROUTER_API_KEY")
+    raise InputError(f"{path} has no {layout.ENV_ROUTER_API_KEY}")
 
 
 @contextmanager

@@ -116,7 +116,7 @@ class Watch:
         if floor is not None and desired < floor:
             self.floor[group] = desired
 
-    # -- persistence (scaler.json) -----------------------------------------------------------
+    # -- persistence (the scaler's state file, layout.SCALER_STATE) --------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"lost_hosts": sorted(self.lost), "fenced": sorted(self.fenced)}
 

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 
+from pdctl import layout
+from pdctl.layout import Layout, Roots
+from tests import role_templates
 from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, service_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,50 +206,44 @@ def test_docker_gets_the_slots_gpus_as_one_csv_field(nv: Deployment) -> None:
     """The docker variant of the worker unit, run by the lab host's real systemd with a
     `docker` that records its argv: `--gpus` gets `"device=0,1"`, which docker's CSV reader
     (Go's encoding/csv; Python's csv reads it the same) takes as one field, device=0,1."""
-    node, check = GPU_NODES[1], "pd-gpuscheck"
-    unit = (
-        jinja2.Environment(
-            loader=jinja2.FileSystemLoader(ROOT / "templates"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            autoescape=False,
-        )
-        .get_template("worker.service.j2")
-        .render(
-            service="gpuscheck",
-            group="prefill",
-            runtime="docker",
-            vendor="nvidia",
-            volumes=[],
-            memlock="unlimited",
-            privileged=False,
-            start_timeout=60,
-            stop_timeout=5,
-            config_dir=f"/run/{check}",
-            container=f"{check}-prefill-%i",
-        )
+    node, service = GPU_NODES[1], "gpuscheck"
+    where = Layout(service, Roots(config_root="/run")).extravar(layout.GROUPS)
+    check, env_dir = f"pd-{service}", where["config_dir"]
+    unit = role_templates.worker_unit(
+        {
+            "pd_service": service,
+            "pd_layout": where,
+            "pd_volumes": [],
+            "pd_memlock": "unlimited",
+            "pd_privileged": False,
+            "pd_start_timeout": 60,
+            "pd_stop_timeout": 5,
+        },
+        "prefill",
+        "docker",
+        "nvidia",
     )
-    shim = '#!/bin/sh\n[ "$1" = run ] && printf \'%s\\n\' "$@" > /run/pd-gpuscheck/argv\nexit 0\n'
+    shim = f'#!/bin/sh\n[ "$1" = run ] && printf \'%s\\n\' "$@" > {env_dir}/argv\nexit 0\n'
     slot_env = (
         "PDCTL_GPU_IDS=0,1\nPDCTL_DEVICE_ARGS=--device nvidia.com/gpu=0 --device nvidia.com/gpu=1\n"
     )
     files = {
         "/usr/local/sbin/docker": shim,
-        f"/run/{check}/prefill.env": "PDCTL_IMAGE=img:1\nPDCTL_CONFIG=c0ffee\n",
-        f"/run/{check}/prefill-1.env": slot_env,
+        where["groups"]["prefill"]["env"]: "PDCTL_IMAGE=img:1\nPDCTL_CONFIG=c0ffee\n",
+        where["groups"]["prefill"]["slot_env"].replace("%i", "1"): slot_env,
         f"/etc/systemd/system/{check}-prefill@.service": unit,
     }
-    script = f"set -e; mkdir -p /run/{check} /usr/local/sbin; " + "; ".join(
+    script = f"set -e; mkdir -p {env_dir} /usr/local/sbin; " + "; ".join(
         f"printf %s {shlex.quote(text)} > {path}" for path, text in files.items()
     )
     nv.root(node, script + "; chmod +x /usr/local/sbin/docker; systemctl daemon-reload")
     try:
         nv.root(node, f"systemctl start {check}-prefill@1.service; sleep 1")
-        argv = nv.root(node, f"cat /run/{check}/argv").splitlines()
+        argv = nv.root(node, f"cat {env_dir}/argv").splitlines()
     finally:
         nv.root(
             node,
-            f"systemctl stop {check}-prefill@1.service; rm -rf /run/{check} "
+            f"systemctl stop {check}-prefill@1.service; rm -rf {env_dir} "
             f"/usr/local/sbin/docker /etc/systemd/system/{check}-prefill@.service; "
             "systemctl daemon-reload",
         )

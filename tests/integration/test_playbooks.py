@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 
-from pdctl import inventory, plan, spec
+from pdctl import inventory, layout, plan, spec
 from pdctl.ansible_data import unsafe_yaml
 from pdctl.deploy import write_plan_file
 from pdctl.workspace import Workspace
+from tests import role_templates
 from tests.support import (
     Lab,
     pdctl,
@@ -406,41 +406,21 @@ def test_api_key_is_in_no_process_arguments(deployment: Deployment) -> None:
 
 
 def test_units_render_the_same_with_plain_jinja2(deployment: Deployment) -> None:
-    """templates/ rendered with plain jinja2 is what the roles wrote (so the templates stay
-    plain Jinja2, and the unit tests' renderings are the real units)."""
+    """The roles' templates rendered with plain jinja2 from the plan's variables are what the
+    roles wrote (so the templates stay plain Jinja2, read each value by its one name, and the
+    unit tests' renderings are the real units)."""
     plan_vars = deployment.plan
     where = plan_vars["pd_layout"]
-    unit_dir = "/etc/systemd/system"
     prefill_node = deployment.nodes[deployment.slots("prefill")[0]["host"]]
-    worker_unit = deployment.root(prefill_node, f"cat {unit_dir}/pd-{SERVICE}-prefill@.service")
-    router_unit = deployment.root(deployment.router, f"cat {unit_dir}/pd-{SERVICE}-router.service")
+    worker_unit = deployment.root(
+        prefill_node, f"cat {where['unit_dir']}/{where['groups']['prefill']['unit']}"
+    )
+    router_unit = deployment.root(
+        deployment.router, f"cat {where['unit_dir']}/{where['router_unit']}"
+    )
     for trim_blocks in (False, True):
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(ROOT / "templates"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            trim_blocks=trim_blocks,
-            autoescape=False,
-        )
-        worker = env.get_template("worker.service.j2").render(
-            service=SERVICE,
-            group="prefill",
-            runtime="podman",
-            volumes=plan_vars["pd_volumes"],
-            memlock=plan_vars["pd_memlock"],
-            privileged=plan_vars["pd_privileged"],
-            start_timeout=plan_vars["pd_start_timeout"],
-            stop_timeout=plan_vars["pd_stop_timeout"],
-            config_dir=where["config_dir"],
-            container=where["groups"]["prefill"]["container"],
-        )
-        router = env.get_template("router.service.j2").render(
-            service=SERVICE,
-            router=plan_vars["pd_router"],
-            python=f"{where['smg_venv_prefix']}{plan_vars['pd_router']['smg_version']}/bin/python",
-            launcher=where["router_launcher"],
-            config_dir=where["config_dir"],
-        )
+        worker = role_templates.worker_unit(plan_vars, "prefill", "podman", trim_blocks=trim_blocks)
+        router = role_templates.router_unit(plan_vars, trim_blocks=trim_blocks)
         assert worker == worker_unit
         assert router == router_unit
     # What production asks for; the lab's runtime grants what this machine can (crun_clamp.py).
@@ -462,7 +442,7 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
     deployment.root(
         deployment.router,
         f"mkdir -p /var/lib/pdctl/{SERVICE} && "
-        f"echo '{{\"prefill\": 2}}' > /var/lib/pdctl/{SERVICE}/overrides.json",
+        f"echo '{{\"prefill\": 2}}' > /var/lib/pdctl/{SERVICE}/{layout.SCALER_PINS}",
     )
     _wait_healthy(f"http://{spare['address']}:{spare['port']}/health", timeout=90)
     (decode,) = deployment.slots("decode", start=True)
@@ -517,12 +497,14 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
         m.start()
         for unit in (unit for _, _, unit in prefills)
         for m in re.finditer(
-            rf"TASK \[pd_worker : (Restart the slot|Wait for the restarted slot)[^\n]*"
+            # The wait includes the pd_health role: Ansible names such a task without its role.
+            rf"TASK \[(?:pd_worker : )?(Restart the slot|Wait for the restarted slot)[^\n]*"
             rf" {re.escape(unit)}\]",
             rolled.output,
         )
     ]
-    assert len(steps) == 4 and steps == sorted(steps), rolled.output[-5000:]
+    banners = [line for line in rolled.output.splitlines() if "slot" in line and "TASK [" in line]
+    assert len(steps) == 4 and steps == sorted(steps), "\n".join(banners)
     # Serving still works after the rollout.
     body = {"model": "lab/tiny-llama", "messages": [{"role": "user", "content": "after"}]}
     deadline = time.monotonic() + 30

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pdctl import layout
 from tests.support import Lab, lab_fleet, pdctl, service_status, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,8 +264,8 @@ def test_scaler_decisions_and_metrics_are_visible(deployed: Deployed) -> None:
     while True:
         metrics = deployed.root(
             "node1",
-            'python3 -c "import urllib.request as u;'
-            " print(u.urlopen('http://127.0.0.1:29100/metrics').read().decode())\"",
+            'python3 -c "import urllib.request as u; print(u.urlopen('
+            f"'http://127.0.0.1:{layout.SCALER_METRICS_PORT}/metrics').read().decode())\"",
         )
         if signal in metrics or time.monotonic() > deadline:
             break

@@ -157,8 +157,8 @@ def test_scale_decode_to_two_still_serves(svc: Service) -> None:
 
 def test_the_scale_playbook_probes_vllm_workers_over_grpc(svc: Service, tmp_path: Path) -> None:
     """playbooks/scale.yml (the path for ops pipelines) at the count pdctl pinned: it waits on
-    each running decode's gRPC health through the roles' probe and registers them (409: they
-    are), then both still serve."""
+    each running decode's gRPC health through the roles' shared wait (pd_health) and registers
+    them (409: they are), then both still serve."""
     plan = tmp_path / "plan.yml"
     svc.pdctl("plan", str(SPEC), "--fleet", "lab", "-o", str(plan))
     bin_dir = Path(sys.executable).parent
@@ -182,7 +182,7 @@ def test_the_scale_playbook_probes_vllm_workers_over_grpc(svc: Service, tmp_path
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "Wait for each running slot's probe" in proc.stdout
+    assert "pd_health : Wait for the units to be healthy" in proc.stdout
     assert svc.serving("decode") == 2
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import paramiko
 
-from pdctl import ssh
+from pdctl import layout, ssh
 from pdctl.plan import Plan, Slot, build
 from pdctl.router import Router, tcp_connector
 from pdctl.scaler.loop import Scaler, Store
@@ -314,9 +314,9 @@ class World:
         return {s.name for s in self.plan.groups[group].slots if s.url in urls}
 
     def pin(self, group: str, count: int) -> None:
-        pins = json.loads(self.files.get("overrides.json", "{}"))
+        pins = json.loads(self.files.get(layout.SCALER_PINS, "{}"))
         pins[group] = count
-        self.files["overrides.json"] = json.dumps(pins)
+        self.files[layout.SCALER_PINS] = json.dumps(pins)
 
 
 @dataclass

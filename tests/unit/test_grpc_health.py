@@ -164,12 +164,12 @@ PLAYBOOK = """
   gather_facts: false
   vars_files: [{vars}]
   vars:
-    pd_worker_grpc_health_src: {module}
-    pd_worker_probe_src: {probe}
+    pd_health_grpc_health_src: {module}
+    pd_health_probe_src: {probe}
   tasks:
-    - name: Probe as the pd_worker role does
+    - name: Probe as the pd_health role does
       ansible.builtin.command:
-        argv: [python3, -c, "{{{{ _pd_worker_probe_script }}}}", "{url}", x.service, "5"]
+        argv: [python3, -c, "{{{{ _pd_health_probe_script }}}}", "{url}", x.service, "5"]
       register: probe
     - name: Keep what it printed
       ansible.builtin.copy:
@@ -179,13 +179,13 @@ PLAYBOOK = """
 """
 
 
-def test_the_pd_worker_role_joins_the_call_and_the_probe(server: int, tmp_path: Path) -> None:
-    """The role's own variable (roles/pd_worker/vars/main.yml), rendered by Ansible: the two
+def test_the_pd_health_role_joins_the_call_and_the_probe(server: int, tmp_path: Path) -> None:
+    """The role's own variable (roles/pd_health/vars/main.yml), rendered by Ansible: the two
     texts joined by a real line break, so python3 runs them as one script."""
     playbook = tmp_path / "probe.yml"
     playbook.write_text(
         PLAYBOOK.format(
-            vars=REPO / "roles/pd_worker/vars/main.yml",
+            vars=REPO / "roles/pd_health/vars/main.yml",
             module=REPO / "pdctl/grpc_health.py",
             probe=REPO / "templates/unit-probe.py",
             url=f"grpc://127.0.0.1:{server}",

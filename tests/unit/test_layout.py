@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 import yaml
 
@@ -19,47 +18,49 @@ from pdctl import drift, hardware, layout, spec
 from pdctl.deploy import write_plan_file
 from pdctl.layout import Layout, Roots
 from pdctl.plan import WORKER_ROLES, Plan, build, plan_from_extravars
+from tests import role_templates
 from tests.unit.test_plan import REPO, fleet, host, lab_spec
 
 ROLES = ("pd_worker", "pd_router", "pd_scaler")
 MOVED = Roots(config_root="/srv/pd/etc", install_root="/srv/pd/opt", state_root="/srv/pd/state")
-# What each role resolves, by the names its tasks and templates use.
+# What each role resolves, by the names its tasks and templates use: the plan's pd_layout and
+# what a role's vars/main.yml derives from it.
 ROLE_VIEW = {
     "worker": {
-        "config_dir": "pd_worker_config_dir",
-        "unit_dir": "_pd_worker_unit_dir",
-        "unitctl": "_pd_worker_unitctl",
+        "config_dir": "pd_layout.config_dir",
+        "unit_dir": "pd_layout.unit_dir",
+        "unitctl": "pd_layout.unitctl",
         "unit_files": "_pd_worker_unit_files",
-        "service_env": "_pd_worker_service_env",
-        "secrets_env": "_pd_worker_secrets_env",
-        "group_files": "_pd_worker_group_files",
-        "start_timeout": "pd_worker_start_timeout | int",
-        "stop_timeout": "pd_worker_stop_timeout | int",
-        "probe": "pd_worker_probe",
+        "service_env": "pd_layout.service_env",
+        "secrets_env": "pd_layout.secrets_env",
+        "groups": "pd_layout.groups",
+        "start_timeout": "pd_start_timeout | int",
+        "stop_timeout": "pd_stop_timeout | int",
+        "probe": "pd_probe",
     },
     "router": {
-        "config_dir": "pd_router_config_dir",
-        "home": "pd_router_home",
-        "venv": "pd_router_venv",
-        "unit": "_pd_router_unit",
+        "config_dir": "pd_layout.config_dir",
+        "home": "pd_layout.router_home",
+        "venv": "_pd_router_venv",
+        "unit": "pd_layout.router_unit",
         "unit_path": "_pd_router_unit_path",
-        "key_file": "_pd_router_key_file",
-        "launcher": "_pd_router_launcher",
+        "key_file": "pd_layout.router_env",
+        "launcher": "pd_layout.router_launcher",
     },
     "scaler": {
-        "config_dir": "pd_scaler_config_dir",
-        "state_dir": "pd_scaler_state_dir",
-        "home": "pd_scaler_home",
-        "user": "pd_scaler_user",
-        "user_home": "_pd_scaler_user_home",
+        "config_dir": "pd_layout.config_dir",
+        "state_dir": "pd_layout.state_dir",
+        "home": "pd_layout.scaler_home",
+        "user": "pd_layout.scaler_user",
+        "user_home": "pd_layout.scaler_user_home",
         "authorized_keys": "_pd_scaler_authorized_keys",
-        "unit": "_pd_scaler_unit",
+        "unit": "pd_layout.scaler_unit",
         "unit_path": "_pd_scaler_unit_path",
-        "config_file": "_pd_scaler_config_file",
-        "key": "_pd_scaler_key",
-        "known_hosts": "_pd_scaler_known_hosts",
-        "router_env": "_pd_scaler_router_env",
-        "stop_timeout": "pd_scaler_stop_timeout | int",
+        "config_file": "pd_layout.scaler_config",
+        "key": "pd_layout.scaler_key",
+        "known_hosts": "pd_layout.scaler_known_hosts",
+        "router_env": "pd_layout.router_env",
+        "stop_timeout": "_pd_scaler_stop_timeout | int",
         "sudoers": "pd_layout.scaler_sudoers",
     },
 }
@@ -84,8 +85,15 @@ def python_view(plan: Plan) -> dict[str, dict[str, Any]]:
             "unit_files": [layout.unit_file(layout.worker_unit(svc, g)) for g in WORKER_ROLES],
             "service_env": where.config_file(layout.SERVICE_ENV),
             "secrets_env": where.config_file(layout.SECRETS_ENV),
-            "group_files": {
-                g: {"env": where.group_env(g), "script": where.group_script(g)}
+            "groups": {
+                g: {
+                    "env": where.group_env(g),
+                    "script": where.group_script(g),
+                    "slot_env": where.slot_env(g, "%i"),
+                    "container": layout.container(svc, g, "%i"),
+                    "unit": layout.worker_unit(svc, g),
+                    "instances": layout.slot_unit(svc, g, "*"),
+                }
                 for g in WORKER_ROLES
             },
             "start_timeout": plan.start_timeout,
@@ -216,32 +224,10 @@ def test_a_root_is_a_plain_absolute_directory(bad: str) -> None:
         Roots(config_root=bad)
 
 
-def _render(name: str, **values: Any) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(REPO / "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    return env.get_template(name).render(**values)
-
-
 def test_the_templates_name_the_layouts_files(plans: dict[str, Plan]) -> None:
     plan = plans["moved"]
-    where, svc = plan.layout, plan.service
-    worker = _render(
-        "worker.service.j2",
-        service=svc,
-        group="decode",
-        runtime="podman",
-        volumes=[],
-        memlock="unlimited",
-        privileged=False,
-        start_timeout=1,
-        stop_timeout=1,
-        config_dir=where.config_dir,
-        container=layout.container(svc, "decode", "%i"),
-    )
+    where = plan.layout
+    worker = role_templates.worker_unit(plan.extravars(), "decode", "podman")
     for path in (
         where.group_env("decode"),
         where.slot_env("decode", "%i"),
@@ -250,32 +236,22 @@ def test_the_templates_name_the_layouts_files(plans: dict[str, Plan]) -> None:
         where.config_file(layout.SECRETS_ENV),
     ):
         assert path in worker
-    router = _render(
-        "router.service.j2",
-        service=svc,
-        router=plan.router.model_dump(),
-        python="/p",
-        launcher="/l",
-        config_dir=where.config_dir,
-    )
+    router = role_templates.router_unit(plan.extravars())
     assert f"EnvironmentFile={where.config_file(layout.ROUTER_ENV)}\n" in router
+    assert f" {where.router_home}/{layout.ROUTER_LAUNCHER} " in router
 
 
 def test_pdctl_unitctl_is_rendered_from_the_layout() -> None:
     """One script serves every service of a host: it spells the names per service in shell,
     and they must be layout.py's."""
     root = MOVED.config_root
-    script = _render(
-        "pdctl-unitctl.sh",
-        unitctl=layout.UNITCTL,
-        config_root=root,
-        secrets_env=Path(Layout("x").config_file(layout.SECRETS_ENV)).name,
-    )
+    script = role_templates.unitctl(Layout("x", MOVED).extravar(WORKER_ROLES))
     assert f"\nself={layout.UNITCTL}\n" in script
     assert f'{root}/"$service"/{layout.SECRETS_ENV}' in script  # why masks its values
     assert layout.slot_unit("$service", "$1", "$2") in script
     assert layout.slot_unit("$service", "$group", "$k") in script
     assert layout.container("$service", "$group", "$k") in script
+    assert f'case "$1" in {"|".join(layout.GROUPS)})' in script
     for group in WORKER_ROLES:
         slot_env = Path(Layout("x").slot_env(group, "*")).name
         assert f'{root}/"$service"/{slot_env}' in script

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pdctl import layout
 from tests.unit.scaler_world import Keys, World, make_keys, make_world
 
 
@@ -103,7 +104,7 @@ def test_a_host_that_stops_answering_is_replaced_elsewhere_and_fenced_on_return(
         10,
     )
     assert world.unit("decode/1").state == "active"  # untouched: its host cannot be reached
-    assert world.files["scaler.json"] and "decode/1" in world.files["scaler.json"]  # fenced
+    assert "decode/1" in world.files[layout.SCALER_STATE]  # fenced
 
     def never_twice() -> None:
         assert "decode/1" not in world.registered("decode"), world.logged[-10:]

@@ -5,8 +5,8 @@ EnvironmentFile, an env variable root reads).
 Hypothesis feeds arbitrary strings (control characters, Unicode line separators, quotes,
 `%`, `$`, template syntax) into each field that reaches a host; the spec is parsed and
 planned as pdctl does, and the files are rendered from the project's own templates: the
-unit templates with plain Jinja2 (the lab tests hold that equal to what the roles write)
-and the env files from the pd_worker role's own task text.
+roles' unit templates with plain Jinja2 from the plan's extra-vars (the lab tests hold that
+equal to what the roles write) and the env files from the pd_worker role's own task text.
 """
 
 from __future__ import annotations
@@ -21,20 +21,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdctl import layout
 from pdctl.errors import PdctlError
 from pdctl.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.plan import Plan, build
 from pdctl.spec import parse
+from tests import role_templates
 from tests.hostfacts import nvidia_facts
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(ROOT / "templates"),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+TEMPLATES = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 DIRECTIVE = re.compile(r"^[A-Z][A-Za-z]+=")
 ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -161,27 +156,11 @@ def _directives(unit: str) -> list[str]:
 
 
 def _units(plan: Plan, runtime: str = "podman") -> dict[str, str]:
+    plan_vars = plan.extravars()
+    vendor = plan.groups["prefill"].slots[0].vendor
     return {
-        "worker": TEMPLATES.get_template("worker.service.j2").render(
-            service=plan.service,
-            group="prefill",
-            runtime=runtime,
-            vendor=plan.groups["prefill"].slots[0].vendor,
-            volumes=plan.volumes,
-            memlock=plan.memlock,
-            privileged=plan.privileged,
-            start_timeout=plan.start_timeout,
-            stop_timeout=plan.stop_timeout,
-            config_dir=plan.layout.config_dir,
-            container=layout.container(plan.service, "prefill", "%i"),
-        ),
-        "router": TEMPLATES.get_template("router.service.j2").render(
-            service=plan.service,
-            router=plan.router.model_dump(),
-            python=f"{layout.smg_venv(plan.router.smg_version)}/bin/python",
-            launcher=f"{plan.layout.router_home}/{layout.ROUTER_LAUNCHER}",
-            config_dir=plan.layout.config_dir,
-        ),
+        "worker": role_templates.worker_unit(plan_vars, "prefill", runtime, vendor),
+        "router": role_templates.router_unit(plan_vars),
     }
 
 
@@ -191,7 +170,7 @@ def _env_files(plan: Plan, secret: str) -> dict[str, tuple[str, int]]:
     slot_env = group.slots[0].env()
     return {
         "prefill.env": (f"PDCTL_IMAGE={group.image}\nPDCTL_CONFIG={group.config}\n", 2),
-        "service.env": (SERVICE_ENV.render(pd_worker_env=plan.env), len(plan.env)),
+        "service.env": (SERVICE_ENV.render(pd_env=plan.env), len(plan.env)),
         "slot.env": ("".join(f"{k}={v}\n" for k, v in slot_env.items()), len(slot_env)),
         "secrets.env": (f"HF_TOKEN={secret}\n", 1),
     }

@@ -1,5 +1,6 @@
-"""pdctl-unitctl's `why` (templates/pdctl-unitctl.sh): the journal lines it returns to the scaler
-leave the worker host with the service's secret values masked (issue 22, finding 7).
+"""pdctl-unitctl's `why` (roles/pd_worker/templates/pdctl-unitctl.sh.j2): the journal lines it
+returns to the scaler leave the worker host with the service's secret values masked (issue 22,
+finding 7).
 
 The script is rendered as the pd_worker role renders it and run by /bin/sh; systemctl and
 journalctl are stand-ins that print what a worker that echoes its secrets would leave in the
@@ -10,11 +11,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import jinja2
-
 from pdctl import layout
+from pdctl.layout import Layout, Roots
+from tests import role_templates
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {
     "HF_TOKEN": "hf_abcdefghij0123456789",
     "DB_PASSWORD": "p@ss.*[w0rd]$1\\n",  # regex and escape characters: taken as text
@@ -30,10 +30,8 @@ JOURNAL = [
 
 
 def _render(config_root: Path) -> str:
-    text = (ROOT / "templates" / "pdctl-unitctl.sh").read_text()
-    return jinja2.Template(text, keep_trailing_newline=True).render(
-        unitctl=layout.UNITCTL, config_root=str(config_root), secrets_env=layout.SECRETS_ENV
-    )
+    roots = Roots(config_root=str(config_root))
+    return role_templates.unitctl(Layout("svc", roots).extravar(layout.GROUPS))
 
 
 def _why(tmp_path: Path, secrets: dict[str, str] | None) -> list[str]:

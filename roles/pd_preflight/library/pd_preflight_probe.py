@@ -3,7 +3,8 @@
 
 Read-only: it runs the vendor tools and reads files, and never changes the host.
 The parsing and the verdicts live in pd_hardware (pdctl/hardware.py), shared
-with pdctl's own SSH fact gathering.
+with pdctl's own SSH fact gathering. What a host must have has no default here:
+the role passes the fleet's (FleetSettings, pdctl/fleet_model.py, is their home).
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ description:
 options:
   host: {description: Name used in messages., type: str, required: true}
   kind: {description: gpu or cpu (CPU hosts skip the GPU/RDMA checks)., type: str, required: true}
-  expected_gpus: {description: GPUs a GPU host must have., type: int, default: 8}
-  gpu_model: {description: Substring the GPU model must contain (empty for any)., type: str, default: MI300X}
-  gpu_vendor: {description: amd or nvidia., type: str, default: amd}
-  expected_nics: {description: RDMA devices a GPU host must have., type: int, default: 8}
-  nic_driver: {description: "The NICs' libibverbs provider name (bnxt_re, mlx5, ...).", type: str, default: bnxt_re}
+  expected_gpus: {description: GPUs a GPU host must have., type: int, required: true}
+  gpu_model: {description: Substring the GPU model must contain (empty for any)., type: str, required: true}
+  gpu_vendor: {description: amd, nvidia or any., type: str, required: true}
+  expected_nics: {description: RDMA devices a GPU host must have., type: int, required: true}
+  nic_driver: {description: "The NICs' libibverbs provider name (bnxt_re, mlx5, ..., auto).", type: str, required: true}
   nic_prefix: {description: Usual device name prefix (empty derives it from nic_driver)., type: str, default: ""}
-  link_layer: {description: eth (RoCE) or ib (InfiniBand)., type: str, default: eth}
+  link_layer: {description: eth (RoCE), ib (InfiniBand) or auto., type: str, required: true}
   provider_lib: {description: Path of the libibverbs provider library., type: str, required: true}
-  gid_index: {description: GID index that must be RoCE v2 (Mooncake's MC_GID_INDEX)., type: int, default: 3}
-  min_disk_gb: {description: Free GB needed on the container storage path., type: float, default: 50}
+  gid_index: {description: GID index that must be RoCE v2 (Mooncake's MC_GID_INDEX)., type: int, required: true}
+  min_disk_gb: {description: Free GB needed on the container storage path., type: float, required: true}
   storage_paths: {description: Candidate container storage paths, first existing wins., type: list, elements: str, required: true}
   peers: {description: "[address, port] pairs that must accept TCP.", type: list, elements: list}
 author: pdctl
@@ -50,16 +51,16 @@ def main() -> None:
         argument_spec={
             "host": {"type": "str", "required": True},
             "kind": {"type": "str", "required": True, "choices": ["gpu", "cpu"]},
-            "expected_gpus": {"type": "int", "default": 8},
-            "gpu_model": {"type": "str", "default": "MI300X"},
-            "gpu_vendor": {"type": "str", "default": "amd", "choices": ["amd", "nvidia", "any"]},
-            "expected_nics": {"type": "int", "default": 8},
-            "nic_driver": {"type": "str", "default": "bnxt_re"},
+            "expected_gpus": {"type": "int", "required": True},
+            "gpu_model": {"type": "str", "required": True},
+            "gpu_vendor": {"type": "str", "required": True, "choices": ["amd", "nvidia", "any"]},
+            "expected_nics": {"type": "int", "required": True},
+            "nic_driver": {"type": "str", "required": True},
             "nic_prefix": {"type": "str", "default": ""},
-            "link_layer": {"type": "str", "default": "eth", "choices": ["eth", "ib", "auto"]},
+            "link_layer": {"type": "str", "required": True, "choices": ["eth", "ib", "auto"]},
             "provider_lib": {"type": "str", "required": True},
-            "gid_index": {"type": "int", "default": 3},
-            "min_disk_gb": {"type": "float", "default": 50.0},
+            "gid_index": {"type": "int", "required": True},
+            "min_disk_gb": {"type": "float", "required": True},
             "storage_paths": {"type": "list", "elements": "str", "required": True},
             "peers": {"type": "list", "elements": "list", "default": []},
         },
