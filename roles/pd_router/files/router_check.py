@@ -1,10 +1,12 @@
 """keepalived's view of the local router, run by the service's own keepalived as root.
 
-    router_check.py health HOST PORT [TIMEOUT]  exit 0 when SMG answers GET /health with 200
-                                                within TIMEOUT seconds (2)
-    router_check.py notify FILE TYPE NAME STATE [PRIORITY]
-                                                record keepalived's state (MASTER, BACKUP,
-                                                FAULT, STOP) in FILE, for `pdctl status`
+    router_check.py health HOST PORT TIMEOUT STATE_FILE
+        exit 0 when the local SMG answers 200 within TIMEOUT seconds: GET /health while this
+        router holds the address (STATE_FILE says MASTER: it is alive), else GET /readiness (a
+        backup, or a router that comes back, takes the address only once the mesh has given it
+        the workers: it can serve)
+    router_check.py notify STATE_FILE TYPE NAME STATE [PRIORITY]
+        record keepalived's state (MASTER, BACKUP, FAULT, STOP), for the check and `pdctl status`
 
 keepalived runs the check every few seconds on a host that may be busy: it imports nothing
 but socket, os and sys (no urllib), and speaks just enough HTTP/1.0 to read a status line.
@@ -17,11 +19,20 @@ import sys
 STATES = {"MASTER", "BACKUP", "FAULT", "STOP"}
 
 
-def health(host: str, port: int, timeout: float) -> int:
+def state(path: str) -> str:
+    try:
+        with open(path) as recorded:
+            return recorded.read().strip()
+    except OSError:
+        return ""
+
+
+def health(host: str, port: int, timeout: float, state_file: str) -> int:
+    path = b"/health" if state(state_file) == "MASTER" else b"/readiness"
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            sock.sendall(b"GET /health HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+            sock.sendall(b"GET " + path + b" HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
             status = sock.recv(64).split(b"\r\n", 1)[0].split()
     except OSError:
         return 1
@@ -39,8 +50,8 @@ def notify(path: str, state: str) -> int:
 
 
 def main(argv: list) -> int:
-    if len(argv) >= 3 and argv[0] == "health":
-        return health(argv[1], int(argv[2]), float(argv[3]) if len(argv) > 3 else 2.0)
+    if len(argv) == 5 and argv[0] == "health":
+        return health(argv[1], int(argv[2]), float(argv[3]), argv[4])
     if len(argv) >= 5 and argv[0] == "notify":
         return notify(argv[1], argv[4])
     sys.stderr.write(__doc__)
