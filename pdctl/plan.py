@@ -34,6 +34,8 @@ from pdctl.launch import Connection, Engine
 from pdctl.layout import Layout, Roots
 from pdctl.port_ledger import MAX_PORT, Ledger, Span
 from pdctl.router_flags import IGW_FLAG, dropped_flags, kept_flags, launch_line
+from pdctl.router_replicas import MESH_PORT, FailoverAddress, RouterReplica, place
+from pdctl.router_replicas import failover as failover_address
 from pdctl.spec import (
     DEFAULT_PORT_STRIDE,
     Env,
@@ -65,6 +67,7 @@ SCALER_METRICS_PORT = layout.SCALER_METRICS_PORT
 # What the listeners of a service are called in plans and refusals.
 ROUTER = "router"
 ROUTER_METRICS = "router's metrics"
+ROUTER_MESH = "router's mesh"
 SCALER_METRICS = "scaler's metrics"
 
 
@@ -231,14 +234,52 @@ class ProbePlan(BaseModel):
 
 
 class RouterPlan(BaseModel):
-    host: str
-    address: str
+    """The service's routers: one, or several on distinct hosts (SMG's mesh between them, on
+    ``mesh_port``), each listening on ``port`` and its metrics on ``metrics_port``; with a
+    failover address in front of them (keepalived, roles/pd_router) or none."""
+
+    replicas: list[RouterReplica] = Field(min_length=1)
     port: int
     metrics_port: int
+    mesh_port: int = MESH_PORT
+    failover: FailoverAddress | None = None
     smg_version: str = SMG_VERSION
     args: list[str]
     health_check_interval: int
     wheelhouse: str | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_router_of_old(cls, data: Any) -> Any:
+        # A plan stored by an older pdctl names its one router's host and address.
+        if isinstance(data, dict) and "replicas" not in data and "host" in data:
+            one = {"host": data.get("host"), "address": data.get("address")}
+            data = {k: v for k, v in data.items() if k not in one}
+            data["replicas"] = [one]
+        return data
+
+    @property
+    def hosts(self) -> list[str]:
+        """The router hosts, in the plan's order (the first wins a first election)."""
+        return [replica.host for replica in self.replicas]
+
+    @property
+    def host(self) -> str:
+        """The first router's host: the one router of a plan with one."""
+        return self.replicas[0].host
+
+    @property
+    def address(self) -> str:
+        """The first router's own address."""
+        return self.replicas[0].address
+
+    def replica(self, host: str) -> RouterReplica | None:
+        return next((r for r in self.replicas if r.host == host), None)
+
+    @property
+    def meshed(self) -> bool:
+        """Several routers share their workers through SMG's mesh."""
+        return len(self.replicas) > 1
 
 
 class Plan(BaseModel):
@@ -283,7 +324,7 @@ class Plan(BaseModel):
         return [slot for role in WORKER_ROLES for slot in self.groups[role].slots]
 
     def hosts(self) -> list[str]:
-        names = {self.router.host, *(slot.host for slot in self.slots())}
+        names = {*self.router.hosts, *(slot.host for slot in self.slots())}
         return sorted(names, key=natural_key)
 
     def extravars(self) -> dict[str, Any]:
@@ -308,7 +349,7 @@ class Plan(BaseModel):
             "pd_fleet": self.fleet,
             "pd_plan_hosts": self.hosts(),
             "pd_worker_hosts": sorted(host_slots, key=natural_key),
-            "pd_router_host": self.router.host,
+            "pd_router_hosts": self.router.hosts,
             "pd_host_slots": host_slots,
             "pd_layout": self.layout.extravar(WORKER_ROLES),
             **{
@@ -389,19 +430,23 @@ KV_PORT_FIELD = "kv_port in --kv-transfer-config"
 def listeners(plan: Plan) -> list[Listener]:
     """Every port the plan listens on. A worker takes `port_stride` ports from its own on."""
     router = plan.router
-    found = [
-        Listener(router.host, router.port, router.port, ROUTER, "port"),
-        Listener(
-            router.host,
-            router.metrics_port,
-            router.metrics_port,
-            ROUTER_METRICS,
-            "pdctl.router.metrics_port",
-        ),
-        Listener(
-            router.host, plan.scaler_metrics_port, plan.scaler_metrics_port, SCALER_METRICS, None
-        ),
-    ]
+    found = []
+    for host in router.hosts:  # every router host runs the router, its metrics and a scaler
+        found += [
+            Listener(host, router.port, router.port, ROUTER, "port"),
+            Listener(
+                host,
+                router.metrics_port,
+                router.metrics_port,
+                ROUTER_METRICS,
+                "pdctl.router.metrics_port",
+            ),
+            Listener(
+                host, plan.scaler_metrics_port, plan.scaler_metrics_port, SCALER_METRICS, None
+            ),
+        ]
+        if router.meshed:
+            found.append(Listener(host, router.mesh_port, router.mesh_port, ROUTER_MESH, None))
     for slot in plan.slots():
         last = slot.port + plan.port_stride - 1
         found.append(Listener(slot.host, slot.port, last, slot.name, "pdctl.ports.base, stride"))
@@ -507,34 +552,17 @@ def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
     return hosts
 
 
-def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
-    """pdctl.router.host, else the first CPU host (else GPU host) with the router group's
-    cpu and memory minimums."""
+def _router_hosts(spec: Spec, hosts: list[FleetHost]) -> list[FleetHost]:
+    """The router group's count of distinct hosts: pdctl.router.host first, then CPU hosts,
+    then GPU hosts, with the router group's cpu and memory minimums."""
     router = next((g for g in spec.replicas if g.role == "router"), None)
     resources = router.resources if router else None
-    wanted = spec.pdctl.router.host
-    if wanted:
-        chosen = next((h for h in hosts if wanted in {h.name, h.address}), None)
-        if chosen is None:
-            raise CheckFailed(f"pdctl.router.host {wanted!r} is not a healthy host of the fleet")
-        short = _short_of(chosen, resources)
-        if short:
-            raise CheckFailed(
-                f"pdctl.router.host {wanted}: {short}, the router group's resources",
-                hint="lower the router group's cpu/memory, or name another host",
-            )
-        return chosen
-    for kind in ("cpu", "gpu"):
-        chosen = next((h for h in hosts if h.kind == kind and not _short_of(h, resources)), None)
-        if chosen:
-            return chosen
-    if hosts and resources:
-        have = ", ".join(f"{h.name}: {_short_of(h, resources)}" for h in hosts)
-        raise CheckFailed(
-            f"no healthy host has the router group's resources ({have})",
-            hint="lower the router group's cpu/memory, or add a host that has them",
-        )
-    raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
+    return place(
+        spec.routers,
+        hosts,
+        pinned=spec.pdctl.router.host,
+        short_of=lambda host: _short_of(host, resources),
+    )
 
 
 def _short_of(host: FleetHost, resources: Resources | None) -> str | None:
@@ -570,7 +598,7 @@ def build(
     env = model_cache.worker_env(cache, env)
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
-    router_host = _router_host(spec, hosts)
+    router_hosts = _router_hosts(spec, hosts)
     groups: dict[str, GroupPlan] = {
         role: _group_plan(spec, env, role, secrets_digest) for role in WORKER_ROLES
     }
@@ -583,7 +611,7 @@ def build(
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
     notes = _spec_notes(spec) + _wire_slots(spec, env, groups, gpus)
-    plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
+    plan = _plan(spec, env, fleet, router_hosts, groups, excluded, secrets_digest)
     plan.volumes = model_cache.cache_volume(cache, _volumes(spec, fleet, plan.slots(), gpus))
     if cache is not None:
         plan.model_repo, plan.model_revision = cache.repo, cache.revision
@@ -919,7 +947,7 @@ def _plan(
     spec: Spec,
     env: Env,
     fleet: Fleet,
-    router_host: FleetHost,
+    router_hosts: list[FleetHost],
     groups: dict[str, GroupPlan],
     excluded: dict[str, str],
     secrets_digest: str,
@@ -942,8 +970,12 @@ def _plan(
         probe=ProbePlan(url=probe.url, interval=int(probe.interval), timeout=int(probe.timeout)),
         model=spec.model_name,
         router=RouterPlan(
-            host=router_host.name,
-            address=router_host.address,
+            replicas=[RouterReplica(host=h.name, address=h.address) for h in router_hosts],
+            failover=failover_address(
+                settings.router.address,
+                settings.router.virtual_router_id,
+                [(h.name, h.address) for h in fleet.hosts],
+            ),
             port=spec.port,
             metrics_port=settings.router.metrics_port,
             args=router_args(spec),
@@ -965,13 +997,14 @@ def _fixed_listeners(spec: Spec, plan: Plan, placed: list[Slot]) -> list[Listene
     when the spec gives them, and each vLLM slot's kv_port (its ranks' too)."""
     router = plan.router
     found = []
-    if "port" in spec.model_fields_set:
-        found.append(Listener(router.host, router.port, router.port, ROUTER, "port"))
-    if "metrics_port" in spec.pdctl.router.model_fields_set:
-        metrics = router.metrics_port
-        found.append(
-            Listener(router.host, metrics, metrics, ROUTER_METRICS, "pdctl.router.metrics_port")
-        )
+    for host in router.hosts:
+        if "port" in spec.model_fields_set:
+            found.append(Listener(host, router.port, router.port, ROUTER, "port"))
+        if "metrics_port" in spec.pdctl.router.model_fields_set:
+            metrics = router.metrics_port
+            found.append(
+                Listener(host, metrics, metrics, ROUTER_METRICS, "pdctl.router.metrics_port")
+            )
     for slot in placed:
         if slot.kv_port is not None:
             last = slot.kv_port + len(slot.gpus) - 1
@@ -996,18 +1029,28 @@ def _wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held]
         ledger.take(listener.host, listener.first, listener.last, _named(listener))
     notes: list[str] = []
     router = plan.router
+    # One port of each for every router host (clients and the failover address use one).
     if "port" not in spec.model_fields_set:
-        router.port = _free(ledger, router.host, router.port, ROUTER, "port")
+        router.port = _free_on_all(ledger, router.hosts, router.port, ROUTER, "port")
         if router.port != spec.port:
             notes.append(
-                f"router: port {spec.port} is taken on {router.host}: the router listens on "
-                f"{router.port} (set `port` in the spec to choose)"
+                f"router: port {spec.port} is taken on {_one_of(router.hosts)}: the router "
+                f"listens on {router.port} (set `port` in the spec to choose)"
             )
-        ledger.take(router.host, router.port, router.port, f"the {ROUTER}")
     if "metrics_port" not in spec.pdctl.router.model_fields_set:
         field = "pdctl.router.metrics_port"
-        router.metrics_port = _free(ledger, router.host, router.metrics_port, ROUTER_METRICS, field)
-        ledger.take(router.host, router.metrics_port, router.metrics_port, f"the {ROUTER_METRICS}")
+        router.metrics_port = _free_on_all(
+            ledger, router.hosts, router.metrics_port, ROUTER_METRICS, field
+        )
+    for host in router.hosts:
+        if "port" not in spec.model_fields_set:
+            ledger.take(host, router.port, router.port, f"the {ROUTER}")
+        if "metrics_port" not in spec.pdctl.router.model_fields_set:
+            ledger.take(host, router.metrics_port, router.metrics_port, f"the {ROUTER_METRICS}")
+    if router.meshed:
+        router.mesh_port = _free_on_all(ledger, router.hosts, router.mesh_port, ROUTER_MESH, None)
+        for host in router.hosts:
+            ledger.take(host, router.mesh_port, router.mesh_port, f"the {ROUTER_MESH}")
     positions: dict[str, int] = {}
     for slot in placed:
         nth = ledger.free_position(
@@ -1021,7 +1064,9 @@ def _wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held]
         slot.port, slot.bootstrap_port, slot.side_channel_port = _slot_ports(spec, slot.group, nth)
         for first, last in _position_spans(spec, slot.group, len(slot.gpus), nth):
             ledger.take(slot.host, first, last, slot.name)
-    plan.scaler_metrics_port = _free(ledger, router.host, SCALER_METRICS_PORT, SCALER_METRICS, None)
+    plan.scaler_metrics_port = _free_on_all(
+        ledger, router.hosts, SCALER_METRICS_PORT, SCALER_METRICS, None
+    )
     return notes
 
 
@@ -1051,10 +1096,27 @@ def _free(ledger: Ledger, host: str, port: int, what: str, field: str | None) ->
     return found
 
 
+def _one_of(hosts: Sequence[str]) -> str:
+    return hosts[0] if len(hosts) == 1 else f"one of the router hosts ({', '.join(hosts)})"
+
+
+def _free_on_all(
+    ledger: Ledger, hosts: Sequence[str], port: int, what: str, field: str | None
+) -> int:
+    """The first port from ``port`` on that is free on every one of ``hosts``."""
+    while True:
+        found = port
+        for host in hosts:
+            found = _free(ledger, host, found, what, field)
+        if all(_free(ledger, host, found, what, field) == found for host in hosts):
+            return found
+        port = found
+
+
 def _named(listener: Listener) -> str:
     """A listener of this plan as a message names it: "the router (port)", "prefill/2's KV
     connector (kv_port in --kv-transfer-config)"."""
-    service_wide = listener.what in {ROUTER, ROUTER_METRICS, SCALER_METRICS}
+    service_wide = listener.what in {ROUTER, ROUTER_METRICS, ROUTER_MESH, SCALER_METRICS}
     return f"the {listener.describe()}" if service_wide else listener.describe()
 
 

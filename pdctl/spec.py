@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdctl import failover, hf_layout, layout, validate
+from pdctl import failover, hf_layout, layout, router_replicas, validate
 from pdctl.commands import CommandError, find_launch, worker_script
 from pdctl.errors import InputError
 from pdctl.fleet_model import GpuVendor
@@ -600,6 +600,18 @@ class PdctlRouter(Strict):
         Policy, AfterValidator(lambda v: group_policy("--decode-policy", v))
     ] = "round_robin"
     health_check_interval: Annotated[Duration, Field(ge=1)] = 10.0
+    address: Annotated[str, AfterValidator(router_replicas.check_address)] | None = Field(
+        None,
+        description="A failover address: an unused IPv4 address of the router hosts' subnet "
+        "that keepalived holds on one healthy router (the service's endpoint).",
+    )
+    virtual_router_id: int | None = Field(
+        None,
+        ge=1,
+        le=255,
+        description="VRRP's virtual router id of the address, unique on its network segment "
+        "(default: the address's last octet).",
+    )
 
 
 class PdctlPorts(Strict):
@@ -691,6 +703,13 @@ class Spec(Strict):
     resources: Resources | None = None
     pdctl: PdctlSettings = Field(default_factory=PdctlSettings)
     ignored: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def routers(self) -> int:
+        """How many routers the service runs: its router group's count (one of dstack's
+        older top-level router)."""
+        group = next((g for g in self.replicas if g.role == "router"), None)
+        return group.count[0] if group is not None else 1
 
     @property
     def model_name(self) -> str | None:
@@ -977,12 +996,15 @@ def _check_groups(spec: Spec, path: Path, located: Located) -> None:
             )
     for index in roles["router"]:
         group = spec.replicas[index]
-        if group.count != (1, 1):
+        low, high = group.count
+        if low != high or not 1 <= low <= router_replicas.MAX_ROUTERS:
             raise SpecError(
                 path,
                 located.line_of(("replicas", index, "count")),
                 f"replicas[{index}].count",
-                "the router group runs exactly one replica (count: 1)",
+                "the router group runs a fixed number of routers, 1 to "
+                f"{router_replicas.MAX_ROUTERS}, each on its own host",
+                hint="count: 2 runs two routers (with pdctl.router.address in front of them)",
             )
     for index in roles["router"]:
         # SMG runs from pdctl's pinned venv, not from an image or dstack's base image.
