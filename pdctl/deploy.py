@@ -39,12 +39,14 @@ from pdctl.results import (
     HostLossStatus,
     ModelStatus,
     ReplicaStatus,
+    RouterReplicaStatus,
     RouterStatus,
     ScalerStatus,
     ServiceHealth,
     StatusGroups,
     StatusResult,
 )
+from pdctl.router_replicas import url
 from pdctl.scaler import control
 from pdctl.scaler.decide import Decision
 from pdctl.scaler.setup import handle_store
@@ -149,17 +151,19 @@ def plan_table(plan: Plan) -> list[tuple[str, ...]]:
     """One row per listener owner: the router (its port, metrics and the scaler's), each
     slot (its port, and its bootstrap, side channel and KV connector ports)."""
     router = plan.router
+    mesh = f", mesh {router.mesh_port}" if router.meshed else ""
     rows: list[tuple[str, ...]] = [
         (
-            "router",
-            router.host,
+            "router" if not router.meshed else f"router/{number}",
+            host,
             "-",
             "-",
             f"{router.port}",
-            f"metrics {router.metrics_port}, scaler {plan.scaler_metrics_port}",
+            f"metrics {router.metrics_port}, scaler {plan.scaler_metrics_port}{mesh}",
             layout.router_unit(plan.service),
             "start",
         )
+        for number, host in enumerate(router.hosts, start=1)
     ]
     for slot in plan.slots():
         rows.append(
@@ -193,7 +197,9 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
     """What changes between the plan that runs and the new one, one line each."""
     if old is None:
         return [
-            f"+ new service {new.service}: router on {new.router.host}, "
+            f"+ new service {new.service}: router on {', '.join(new.router.hosts)}"
+            + (f" behind {new.router.failover.address}" if new.router.failover else "")
+            + ", "
             + ", ".join(f"{len(new.groups[r].slots)} {r} slot(s)" for r in WORKER_ROLES)
         ]
     lines: list[str] = []
@@ -446,19 +452,21 @@ def _roll(
 
 
 def _scaler_unit(handle: services.Handle, verb: str) -> bool:
-    """Start or stop the service's scaler unit; False when there is none."""
+    """Start or stop the service's scaler units (one per router host); False when there is
+    none."""
     unit = layout.scaler_unit(handle.plan.service)
-    target = handle.targets[handle.plan.router.host]
-    if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
-        return False
-    result = handle.pool.run(
-        target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
-    )
-    if result.rc != 0:
-        raise HostError(
-            f"{handle.plan.router.host}: systemctl {verb} {unit} failed: {result.stderr.strip()}"
+    found = False
+    for host in handle.plan.router.hosts:
+        target = handle.targets[host]
+        if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
+            continue
+        found = True
+        result = handle.pool.run(
+            target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
         )
-    return True
+        if result.rc != 0:
+            raise HostError(f"{host}: systemctl {verb} {unit} failed: {result.stderr.strip()}")
+    return found
 
 
 def _spare(states: dict[str, SlotState], role: str, exclude: Slot) -> Slot | None:
@@ -506,11 +514,12 @@ def status(workspace: Workspace, name: str) -> StatusResult:
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
         scaler = None
-        if plan.router.host not in unreachable:
+        if handle.router_host not in unreachable:
             try:
                 scaler = control.recorded(handle_store(handle))
             except PdctlError:
                 scaler = None
+        routers = _routers(plan, handle, router_state)
         model = prefetch.status(
             plan, handle.fleet.settings.model_endpoint, handle.pool, handle.targets
         )
@@ -580,8 +589,8 @@ def status(workspace: Workspace, name: str) -> StatusResult:
         ),
         groups=StatusGroups(
             router=RouterStatus(
-                host=plan.router.host,
-                address=plan.router.address,
+                host=handle.router_host,
+                address=handle.router.address,
                 port=plan.router.port,
                 state=router_state,
                 unit=layout.router_unit(plan.service),
@@ -589,10 +598,42 @@ def status(workspace: Workspace, name: str) -> StatusResult:
             prefill=groups["prefill"],
             decode=groups["decode"],
         ),
+        routers=routers,
+        failover_address=plan.router.failover.address if plan.router.failover else None,
         model=ModelStatus.model_validate(model) if model else None,
         health=health,
         unreachable=unreachable,
     )
+
+
+def _routers(
+    plan: Plan, handle: services.Handle, router_state: str
+) -> list[RouterReplicaStatus]:
+    """Every router as read live (several, or an address: router_views.py); a lone router
+    without an address is active unless it does not answer."""
+    if handle.routers is None:
+        one = plan.router.replicas[0]
+        return [
+            RouterReplicaStatus(
+                host=one.host,
+                address=one.address,
+                url=url(one.address, plan.router.port),
+                state="down" if router_state.startswith("unreachable") else "active",
+                unit="unknown",
+            )
+        ]
+    return [
+        RouterReplicaStatus(
+            host=view.host,
+            address=view.address,
+            url=url(view.address, plan.router.port),
+            state=view.state,
+            unit=view.unit,
+            vrrp=view.vrrp,
+            error=view.error,
+        )
+        for view in handle.routers
+    ]
 
 
 def status_failure(doc: StatusResult) -> ServiceDown | None:
@@ -654,6 +695,7 @@ def endpoint(workspace: Workspace, name: str, *, show_key: bool) -> EndpointResu
     return EndpointResult(
         service=name,
         endpoint=services.endpoint(plan),
+        endpoints=services.endpoints(plan),
         api_key=services.router_api_key(workspace, plan) if show_key else None,
     )
 

@@ -16,12 +16,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import inventory, layout, ssh, validate
+from pdctl import inventory, layout, router_views, ssh, validate
 from pdctl.errors import HostError, InputError, NotFound
 from pdctl.fleet_model import Fleet
 from pdctl.plan import Plan
 from pdctl.results import RecordState
 from pdctl.router import Router
+from pdctl.router_replicas import url
+from pdctl.router_views import RouterView
 from pdctl.slots import Actuator
 from pdctl.workspace import Workspace, write_atomic
 
@@ -155,6 +157,10 @@ class Handle:
     router: Router
     actuator: Actuator
     router_problem: str | None = None  # why the router's API key could not be read
+    # Several routers, or a failover address: each router as read live (router_views.py);
+    # ``router`` is the one clients reach. None for a plan of one router and no address.
+    routers: list[RouterView] | None = None
+    router_host: str = ""  # the host of ``router``
 
 
 def _router_env(plan: Plan) -> str:
@@ -174,12 +180,20 @@ def _api_key(pool: ssh.Pool, target: ssh.Target, path: str) -> str:
 
 
 def endpoint(plan: Plan) -> str:
-    """The URL clients use: the router's address and port from the plan."""
-    return f"http://{plan.router.address}:{plan.router.port}"
+    """The URL clients use: the failover address (keepalived holds it on a healthy router),
+    else the first router's address, with the routers' port, from the plan."""
+    router = plan.router
+    return url(router.failover.address if router.failover else router.address, router.port)
+
+
+def endpoints(plan: Plan) -> list[str]:
+    """Every router's own URL, in the plan's order (clients that fail over themselves)."""
+    return [url(replica.address, plan.router.port) for replica in plan.router.replicas]
 
 
 def api_key_file(plan: Plan) -> str:
-    """Where the router's API key lives, as ``host:path``."""
+    """Where the router's API key lives, as ``host:path`` (the same key on every router
+    host: the first is named)."""
     return f"{plan.router.host}:{_router_env(plan)}"
 
 
@@ -195,14 +209,25 @@ def _target(fleet: Fleet, plan: Plan, name: str) -> ssh.Target:
 
 
 def router_api_key(workspace: Workspace, plan: Plan) -> str:
-    """The router's API key, read over SSH from its host (the one copy: pdctl keeps none)."""
+    """The router's API key, read over SSH from a router host (the copies there are the only
+    ones: pdctl keeps none): the first in the plan's order that answers."""
     fleet = inventory.load(workspace, plan.fleet)
-    target = _target(fleet, plan, plan.router.host)
     pool = _pool(workspace, plan)
     try:
-        return _api_key(pool, target, _router_env(plan))
+        return _any_key(pool, [_target(fleet, plan, h) for h in plan.router.hosts], plan)
     finally:
         pool.close()
+
+
+def _any_key(pool: ssh.Pool, targets: list[ssh.Target], plan: Plan) -> str:
+    problem: HostError | None = None
+    for target in targets:
+        try:
+            return _api_key(pool, target, _router_env(plan))
+        except HostError as exc:
+            problem = problem or exc
+    assert problem is not None  # a plan has at least one router
+    raise problem
 
 
 @contextmanager
@@ -216,16 +241,25 @@ def open_handle(
     targets = {name: _target(fleet, plan, name) for name in plan.hosts()}
     pool = _pool(workspace, plan)
     try:
-        router_target = targets[plan.router.host]
+        views = None
+        chosen = plan.router.replicas[0]
+        if plan.router.meshed or plan.router.failover:
+            views = router_views.read(plan, pool, targets)
+            found = router_views.acting(views)
+            if found is not None:
+                chosen = plan.router.replica(found.host) or chosen
+        router_target = targets[chosen.host]
         key, problem = None, None
         try:
-            key = _api_key(pool, router_target, _router_env(plan))
+            key = _any_key(
+                pool, [router_target, *(targets[h] for h in plan.router.hosts)], plan
+            )
         except HostError as exc:
             if need_key:
                 raise
             problem = exc.message
         router = Router(
-            plan.router.address,
+            chosen.address,
             plan.router.port,
             plan.router.metrics_port,
             key,
@@ -238,6 +272,8 @@ def open_handle(
             targets=targets,
             router=router,
             router_problem=problem,
+            routers=views,
+            router_host=chosen.host,
             actuator=Actuator(
                 plan,
                 pool,
