@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.lablib import FLEET, PDCTL, SERVICE, BenchError, BenchLab, stopwatch
-from pdctl import content, inventory
-from pdctl import service as services
+from pdctl.core.plan import Plan, Slot
+from pdctl.doors import content, inventory
+from pdctl.doors import service as services
+from pdctl.doors.session import Session
+from pdctl.doors.slots import Actuator
+from pdctl.doors.workspace import Workspace
 from pdctl.lab.state import FakeHardware
-from pdctl.plan import Plan, Slot
-from pdctl.slots import Actuator
-from pdctl.workspace import Workspace
 
 WORKER_WARMUP = FakeHardware(host_index=0).worker_warmup_secs
 
@@ -42,11 +43,11 @@ def spares(plan: Plan) -> list[Slot]:
 
 @contextmanager
 def parked_scaler(lab: BenchLab, service: str) -> Iterator[tuple[Plan, Actuator]]:
-    """The deployed service's plan and its slot actuator (the scaler's own, pdctl/slots.py),
+    """The deployed service's plan and its slot actuator (the scaler's own, pdctl/doors/slots.py),
     with the service's scaler stopped meanwhile: it would fight the benchmark over the spares."""
     workspace = Workspace(lab.home)
     plan = services.load_plan(workspace, service)
-    with services.open_handle(workspace, plan) as handle:
+    with Session(workspace) as session, services.open_handle(session, plan) as handle:
         router_host = handle.targets[plan.router.host]
         handle.pool.run(router_host, f"sudo -n systemctl stop pd-{service}-scaler.service")
         try:

@@ -16,13 +16,16 @@ from pathlib import Path
 import yaml
 
 from bench.lablib import FLEET, PDCTL, BenchLab, stopwatch
-from pdctl import content, deploy, inventory
-from pdctl.workspace import Workspace
+from pdctl.doors import content, inventory
+from pdctl.doors.session import Session
+from pdctl.doors.workspace import Workspace
+from pdctl.operations import deploy, planning
 
 DEFAULTS_CFG = """\
 # Ansible's defaults for what pdctl tunes; everything else as pdctl's ansible.cfg.
 [defaults]
 roles_path = {roles}
+lookup_plugins = {lookups}
 host_key_checking = True
 retry_files_enabled = False
 gathering = implicit
@@ -50,7 +53,8 @@ def defaults_playbook(name: str, out: Path) -> Path:
 
 def defaults_config(out: Path) -> Path:
     path = out / "ansible-defaults.cfg"
-    path.write_text(DEFAULTS_CFG.format(roles=content.roles_dir()))
+    lookups = content.content_root() / "playbooks" / "lookup_plugins"
+    path.write_text(DEFAULTS_CFG.format(roles=content.roles_dir(), lookups=lookups))
     return path
 
 
@@ -60,10 +64,11 @@ def deploy_with_ansible_defaults(lab: BenchLab, spec: Path, out: Path) -> float:
     deploy.yml -e @vars` under Ansible's defaults. Both are timed: pdctl's deploy does both."""
     out.mkdir(parents=True, exist_ok=True)
     workspace = Workspace(lab.home)
-    _, _, plan = deploy.make_plan(workspace, spec, FLEET, environ=lab.env)
+    with Session(workspace) as session:
+        _, _, plan = planning.make_plan(session, spec, FLEET, environ=lab.env)
     extravars = out / "deploy-vars.json"
     extravars.touch(mode=0o600)
-    # The same extra-vars pdctl passes (the plan, its scaler source, rollout none).
+    # The same extra-vars pdctl passes (the plan, the scaler's packages, rollout none).
     extravars.write_text(json.dumps(deploy.playbook_vars(plan)))
     env = {**lab.env, "ANSIBLE_CONFIG": str(defaults_config(out))}
     playbook = defaults_playbook("deploy.yml", out)

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 
 from bench.lablib import FLEET, PDCTL, BenchError, BenchLab, stopwatch
-from pdctl import fabric_schedule, perftest
-from pdctl.fabric_nics import FabricNic
+from pdctl.core import fabric_schedule, perftest
+from pdctl.core.fabric_nics import FabricNic
 
 HOSTS = 16
 ITERATIONS = 200

@@ -34,10 +34,10 @@ from typing import Any
 import yaml
 
 from bench.lablib import FLEET, PDCTL, REPO, BenchError, BenchLab
-from pdctl import spec
-from pdctl.failover import plan_host_loss
-from pdctl.fleet_model import Fleet, FleetHost, Preflight
-from pdctl.plan import build
+from pdctl.core import spec
+from pdctl.core.failover import plan_host_loss
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import build
 
 HOSTS = 4
 ROUNDS = 3

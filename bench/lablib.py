@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
+from pdctl.doors.workspace import Workspace
 from pdctl.lab.host import SHARE_MOUNT
 from pdctl.lab.image import SGLANG
-from pdctl.workspace import Workspace
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"

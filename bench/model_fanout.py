@@ -1,7 +1,8 @@
 """bench model-fanout: one model onto N lab hosts, pdctl's fan-out against every host
 downloading it from the hub at once, with the hub capped at a tenth of the hosts' links.
 
-Both runs use pdctl's own fetcher (pdctl/model_fetch.py over SSH, pdctl/prefetch.py): pdctl's
+Both runs use pdctl's own fetcher (pdctl/onhost/model_fetch.py over SSH,
+pdctl/operations/prefetch.py): pdctl's
 prefetch chains the hosts (the hub sends each file once, each host streams it on to the next);
 the baseline runs one prefetch per host at the same time, each from the hub, as engines that
 download their own model do. The caches are emptied before each run (not after the last).
@@ -18,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.lablib import FLEET, BenchError, BenchLab, stopwatch
-from pdctl import hf_layout, inventory, prefetch, ssh
+from pdctl.doors import inventory, ssh
+from pdctl.doors.workspace import Workspace
 from pdctl.lab import hub_models
-from pdctl.workspace import Workspace
+from pdctl.onhost import hf_layout
+from pdctl.operations import prefetch
 
 REPO = "lab/bench-1g"
 SIZE = "1G"

@@ -9,7 +9,7 @@ R = B / A (higher is better):
   shipped versus the same playbook under Ansible's defaults, at --small and at --hosts hosts.
   Each deploy starts from hosts without the worker image.
 - redeploy: a no-op redeploy versus the first deploy (--hosts hosts): pdctl's quick check
-  reads every host and finds nothing to converge (pdctl/drift.py).
+  reads every host and finds nothing to converge (pdctl/operations/drift.py).
 - check: `fleet check` versus the same checks host after host.
 - scale-action: p50 of a scale-out (start, health, register) over --actions actions, the
   scaler's pooled SSH versus `playbooks/scale.yml`; p95s in the same line.
@@ -66,7 +66,7 @@ from bench.lablib import (
     percentile,
     stopwatch,
 )
-from pdctl import spec
+from pdctl.core import spec
 
 NAMES = (
     "scaler-sim",

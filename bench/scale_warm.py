@@ -15,7 +15,7 @@ each worker downloads the model at start into its container's own filesystem (th
 worker's online mode, pdctl/lab/worker/model_cache.py), and again at every start (`podman
 run --rm`).
 
-Each action is the scaler's own scale-out (pdctl/slots.py Actuator.scale_out, through
+Each action is the scaler's own scale-out (pdctl/doors/slots.py Actuator.scale_out, through
 bench/actions.py: the spares in turn, the previous one taken back out in the background, the
 first action not counted). Nothing is subtracted: the model's load from disk and the worker's
 warm-up are the same in both.
@@ -36,7 +36,7 @@ import yaml
 
 from bench import actions, model_fanout
 from bench.lablib import FLEET, BenchError, BenchLab, spec_filling
-from pdctl import layout, model_cache, spec
+from pdctl.core import layout, model_cache, spec
 
 HOSTS = 4  # a CPU host (the router) and GPU hosts (the bench service's smallest lab)
 ACTIONS = 3  # counted scale-outs per path (each downloads the model once in the baseline)

@@ -56,7 +56,7 @@ from bench.simkit import (
     parser,
     save,
 )
-from pdctl.scaler.decide import History, Metric, Observation, Policy, decide
+from pdctl.core.scaling.decide import History, Metric, Observation, Policy, decide
 
 PREFILL_TOKENS_PER_S = 8000.0
 DECODE_TOKENS_PER_S = 400.0

@@ -55,7 +55,7 @@ from bench.simkit import (
     parser,
     save,
 )
-from pdctl.scaler.decide import History, Observation, Policy, decide
+from pdctl.core.scaling.decide import History, Observation, Policy, decide
 
 HOSTS = 8
 GPUS_PER_HOST = 8

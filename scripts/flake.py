@@ -1,9 +1,9 @@
 """`make flake`: find flaky tests before CI does.
 
-Runs the unit and CLI tests (and any lab modules named) several times in a row while a CPU hog
-keeps one core busy, the way a loaded CI machine or a developer's busy laptop runs them. Every
-run is a fresh pytest process with the suite's own options; the summary names each test that
-failed and in which runs. Exit 0 only when every run passed.
+Runs the unit, CLI, lab stand-in and bench tests (and any lab modules named) several times in
+a row while a CPU hog keeps one core busy, the way a loaded CI machine or a developer's busy
+laptop runs them. Every run is a fresh pytest process with the suite's own options; the summary
+names each test that failed and in which runs. Exit 0 only when every run passed.
 
     python scripts/flake.py [--runs N] [--workers N] [--no-hog] [TEST_PATH ...]
 """
@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PATHS = ("tests/unit", "tests/cli")
+DEFAULT_PATHS = ("tests/unit", "tests/cli", "tests/lab", "tests/bench")
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 # pytest's closing line, with or without its === border (-q drops it)
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|errors?)\b.* in [\d.]+s.*?)\s*=*$", re.M)

@@ -1,4 +1,6 @@
-"""Host facts in the shape pdctl/hardware.py's facts() stores them (CONTRACT: issue 14), built
+"""Host facts in the shape pdctl/onhost/hardware/facts.py's facts() stores them (CONTRACT: issue
+14),
+built
 for tests: 8 GPUs and 8 NICs where GPU k and NIC k share a PCIe switch, GPUs and NICs 0-3 on
 NUMA node 0 and 4-7 on node 1 (the lab's hosts, and a DGX-like server)."""
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from pdctl.core.plan import Plan, listeners
 from pdctl.lab import hub, worker_tree
-from pdctl.plan import Plan, listeners
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
 

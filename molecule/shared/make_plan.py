@@ -12,9 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import deploy, drift, inventory, plan, spec
+from pdctl.core import plan, spec
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
 from pdctl.lab import manager
-from pdctl.workspace import Workspace
+from pdctl.operations import deploy, drift
 
 
 def main() -> None:
@@ -32,7 +34,7 @@ def main() -> None:
         spec_path = out.with_name("pd.yml")
         spec_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     service, env = spec.load(spec_path, os.environ)
-    # The extra-vars pdctl itself passes: the plan, plus a clean copy of pdctl for the scaler.
+    # The extra-vars pdctl itself passes: the plan, plus the packages the scaler needs.
     digest = drift.secrets_digest(
         drift.stored_key(workspace, service.name), env.secrets, os.environ
     )

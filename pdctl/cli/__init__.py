@@ -17,9 +17,10 @@ import click
 from pdctl import __version__
 from pdctl.cli import fleet, lab, scaler, service
 from pdctl.cli.app import App
-from pdctl.errors import Interrupted, PdctlError
-from pdctl.output import Output
-from pdctl.workspace import Workspace
+from pdctl.cli.output import Output
+from pdctl.core.errors import Interrupted, PdctlError
+from pdctl.doors.session import Session
+from pdctl.doors.workspace import Workspace
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,9 +57,13 @@ from pdctl.workspace import Workspace
 @click.pass_context
 def cli(ctx: click.Context, json_mode: bool, verbose: int, quiet: bool, home: Path) -> None:
     """pdctl: run Prefill/Decode-disaggregated inference on GPU servers you own."""
+    workspace = Workspace(home.resolve())
+    session = Session(workspace)  # one per command: its fleets read once, one SSH pool each
+    ctx.call_on_close(session.close)
     ctx.obj = App(
         out=Output(json_mode=json_mode, verbosity=verbose, quiet=quiet),
-        workspace=Workspace(home.resolve()),
+        workspace=workspace,
+        session=session,
     )
 
 

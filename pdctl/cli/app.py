@@ -8,15 +8,17 @@ from typing import Any
 
 import click
 
-from pdctl.errors import PdctlError
-from pdctl.output import Output
-from pdctl.workspace import Workspace
+from pdctl.cli.output import Output
+from pdctl.core.errors import PdctlError
+from pdctl.doors.session import Session
+from pdctl.doors.workspace import Workspace
 
 
 @dataclass
 class App:
     out: Output
     workspace: Workspace
+    session: Session  # what the command's operations share of the fleets (doors/session.py)
 
 
 pass_app = click.make_pass_decorator(App)

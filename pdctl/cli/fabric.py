@@ -8,8 +8,9 @@ from typing import Any, TypeVar
 
 import click
 
-from pdctl import fabric_judge, fabric_run, fabric_schedule
 from pdctl.cli.app import App
+from pdctl.core import fabric_judge, fabric_schedule
+from pdctl.operations import fabric_run
 
 F = TypeVar("F", bound=Callable[..., Any])
 

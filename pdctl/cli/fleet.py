@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
-from pdctl import fleet as fleets
-from pdctl import layout
 from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
-from pdctl.fleet_model import DEFAULT_ENDPOINT, FleetSettings
+from pdctl.core import layout
+from pdctl.core.fleet_model import DEFAULT_ENDPOINT, FleetSettings
+from pdctl.operations import fleet as fleets
 
 # What every GPU host must have unless the options say otherwise (FleetSettings is its home).
 EXPECT = FleetSettings()

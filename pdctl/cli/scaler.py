@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import click
 
 from pdctl.cli.app import App, pass_app
-from pdctl.layout import GROUPS, Layout
+from pdctl.core.layout import GROUPS
 from pdctl.scaler import control
-from pdctl.scaler.loop import serve_metrics, service_lock, stop_on_signals
-from pdctl.scaler.setup import default_config, from_workspace, on_host
+from pdctl.scaler.daemon import log, run_on_host, service_lock, stop_on_signals
+from pdctl.scaler.metrics import serve_metrics
+from pdctl.scaler.setup import default_config, from_workspace
 
 
 @click.group()
 def scaler() -> None:
     """The autoscaler daemon."""
-
-
-def _log(line: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    sys.stderr.write(f"{stamp} {line}\n")
-    sys.stderr.flush()
 
 
 @scaler.command()
@@ -53,21 +46,13 @@ def run(
     """Run the scaler in the foreground (SIGTERM: finish the action in hand, then exit)."""
     config = config or default_config(service)
     if config.is_file():
-        lock = Path(Layout(service).scaler_lock)
-        with service_lock(lock), on_host(config, _log) as (daemon, settings):
-            port = metrics_port or settings.get("metrics", {}).get("port")
-            if port:
-                serve_metrics(
-                    daemon.metrics, settings.get("metrics", {}).get("host", "127.0.0.1"), int(port)
-                )
-            with stop_on_signals(daemon):
-                daemon.run()
+        run_on_host(service, config, metrics_port)
         return
     control.refuse_if_daemon_runs(app.workspace, service)
     lock = app.workspace.service_dir(service) / "scaler.lock"
     with (
         service_lock(lock),
-        from_workspace(app.workspace, service, _log, interval=interval) as daemon,
+        from_workspace(app.workspace, service, log, interval=interval) as daemon,
     ):
         if metrics_port:
             serve_metrics(daemon.metrics, "127.0.0.1", metrics_port)

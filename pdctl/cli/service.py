@@ -8,16 +8,20 @@ from typing import Any
 
 import click
 
-from pdctl import deploy as deploys
-from pdctl import fabric_run, image_prefetch
-from pdctl import prefetch as prefetches
-from pdctl import service as services
 from pdctl.cli import fabric as fabric_cli
 from pdctl.cli.app import App, emit, pass_app
-from pdctl.errors import CheckFailed, InputError, PdctlError
-from pdctl.failover import plan_host_loss
-from pdctl.plan import WORKER_ROLES, Plan
-from pdctl.results import DeployResult, EndpointResult, StatusResult
+from pdctl.core.errors import CheckFailed, InputError, PdctlError
+from pdctl.core.failover import plan_host_loss
+from pdctl.core.plan import WORKER_ROLES, Plan
+from pdctl.core.results import DeployResult, EndpointResult, StatusResult
+from pdctl.doors import service as services
+from pdctl.operations import deploy as deploys
+from pdctl.operations import destroy as destroys
+from pdctl.operations import endpoint as endpoints
+from pdctl.operations import fabric_run, image_prefetch, planning
+from pdctl.operations import logs as replica_logs
+from pdctl.operations import prefetch as prefetches
+from pdctl.operations import status as statuses
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 FLEET = click.option(
@@ -38,7 +42,7 @@ def _endpoint_line(app: App, doc: DeployResult | StatusResult | EndpointResult) 
 def _show_plan(app: App, plan: Plan, changes: list[str]) -> None:
     app.out.table(
         ["slot", "host", "gpus", "nics", "ports", "other ports", "unit", "at deploy"],
-        deploys.plan_table(plan),
+        planning.plan_table(plan),
         title=f"plan: service {plan.service} on fleet {plan.fleet}",
     )
     for host, reason in plan.excluded_hosts.items():
@@ -84,10 +88,10 @@ def plan(
         warnings.append(text)
         app.out.warn(text)
 
-    _, _, planned = deploys.make_plan(
-        app.workspace, spec, fleet, allow_partial=allow_partial, warn=warn
+    _, _, planned = planning.make_plan(
+        app.session, spec, fleet, allow_partial=allow_partial, warn=warn
     )
-    uncertified = fabric_run.plan_problems(app.workspace, planned)
+    uncertified = fabric_run.plan_problems(app.session, planned)
     if strict and uncertified:
         raise CheckFailed(
             f"{len(uncertified)} host(s) of the plan are not fabric-certified: "
@@ -97,9 +101,9 @@ def plan(
         )
     for problem in uncertified:
         warn(f"fabric: {problem}")
-    changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
+    changes = planning.diff(services.stored_plan(app.workspace, planned.service), planned)
     if output:
-        deploys.write_plan_file(planned, output)
+        planning.write_plan_file(planned, output)
     doc = {
         "plan": planned.model_dump(mode="json"),
         # per group: does losing any one host leave its min count of slots (N+1)?
@@ -119,10 +123,10 @@ def plan(
 def prefetch(app: App, spec: Path, fleet: str | None, allow_partial: bool) -> None:
     """Fill the model cache and the image store of every host with a slot of SPEC's plan (what
     `deploy` does first): for a pipeline that runs `pdctl plan -o` and ansible-playbook itself."""
-    _, _, planned = deploys.make_plan(app.workspace, spec, fleet, allow_partial=allow_partial)
+    _, _, planned = planning.make_plan(app.session, spec, fleet, allow_partial=allow_partial)
     with app.out.progress(f"prefetch {planned.model_repo or '(no model)'}") as progress:
-        doc = prefetches.for_plan(app.workspace, planned, progress)
-        images = image_prefetch.for_plan(app.workspace, planned, progress)
+        doc = prefetches.for_plan(app.session, planned, progress)
+        images = image_prefetch.for_plan(app.session, planned, progress)
 
     def render() -> None:
         if doc is None:
@@ -206,15 +210,15 @@ def deploy(
             min_fraction=min_fraction,
         )
     unreachable: dict[str, str] | None = {} if skip_unreachable else None
-    _, _, planned = deploys.make_plan(
-        app.workspace,
+    _, _, planned = planning.make_plan(
+        app.session,
         spec,
         fleet,
         allow_partial=allow_partial,
         create_key=not dry_run,
         unreachable=unreachable,
     )
-    changes = deploys.diff(services.stored_plan(app.workspace, planned.service), planned)
+    changes = planning.diff(services.stored_plan(app.workspace, planned.service), planned)
     for host, why in (unreachable or {}).items():
         app.out.warn(f"skipping {host}: unreachable ({why}); what runs there stays as it is")
     if not app.out.json_mode:
@@ -230,7 +234,7 @@ def deploy(
         f"deploy {planned.service}" + (" (dry run)" if dry_run else "")
     ) as progress:
         doc = deploys.apply(
-            app.workspace,
+            app.session,
             planned,
             progress,
             dry_run=dry_run,
@@ -282,7 +286,7 @@ def deploy(
 def _certify(app: App, planned: Plan, options: fabric_run.Options) -> dict[str, Any]:
     """The plan's KV paths tested (and shown); CheckFailed, with the report, if one failed."""
     with app.out.progress(f"certify {planned.service}'s KV paths") as progress:
-        report = fabric_run.certify_plan(app.workspace, planned, options, progress)
+        report = fabric_run.certify_plan(app.session, planned, options, progress)
     if not app.out.json_mode:
         fabric_cli.render(app, report, f"service {planned.service}: KV paths")
     if not report["ok"]:
@@ -392,8 +396,8 @@ def status(
 
     A host that does not answer is shown as unreachable (exit 0); exit 8 when the service
     itself is down (its router does not answer or is not ready)."""
-    doc = deploys.status(app.workspace, service)
-    down = deploys.status_failure(doc)
+    doc = statuses.status(app.session, service)
+    down = statuses.status_failure(doc)
     if not certify:
         emit(app, doc, lambda: _render_status(app, doc), down)
         return
@@ -405,7 +409,7 @@ def status(
     )
     with app.out.progress(f"certify {service}'s KV paths") as progress:
         report = fabric_run.certify_plan(
-            app.workspace, services.load_plan(app.workspace, service), options, progress
+            app.session, services.load_plan(app.workspace, service), options, progress
         )
 
     def render() -> None:
@@ -431,7 +435,7 @@ def status(
 @pass_app
 def endpoint(app: App, service: str, show_key: bool) -> None:
     """The service's URL for clients and, with --show-key, the router's API key."""
-    doc = deploys.endpoint(app.workspace, service, show_key=show_key)
+    doc = endpoints.endpoint(app.session, service, show_key=show_key)
 
     def render() -> None:
         if show_key:
@@ -459,7 +463,7 @@ def logs(app: App, service: str, replica: str, follow: bool, lines: int) -> None
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    deploys.logs(app.workspace, service, replica, lines, follow, write)
+    replica_logs.logs(app.session, service, replica, lines, follow, write)
 
 
 @click.command()
@@ -473,5 +477,5 @@ def destroy(app: App, service: str, yes: bool) -> None:
             raise InputError("refusing to destroy without confirmation", hint="pass -y")
         click.confirm(f"Destroy service {service}?", abort=True, err=True)
     with app.out.progress(f"destroy {service}") as progress:
-        doc = deploys.destroy(app.workspace, service, progress)
+        doc = destroys.destroy(app.session, service, progress)
     app.out.result(doc, lambda: app.out.line(f"destroyed {service} on {', '.join(doc.hosts)}"))

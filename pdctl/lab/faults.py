@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pdctl.errors import InputError
+from pdctl.core.errors import InputError
 from pdctl.lab import host as lab_host
 from pdctl.lab import hub_service
 from pdctl.lab.host import HostPaths

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl.errors import PdctlError
+from pdctl.core.errors import PdctlError
 from pdctl.lab import network
 from pdctl.lab.rootfs import SUDO_USER
 from pdctl.lab.runtime import crun_clamp

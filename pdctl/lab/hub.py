@@ -42,15 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pdctl.lab.hub_models import (
-    HubError,
-    Repo,
-    RepoFile,
-    Store,
-    add_model,
-    check_repo,
-    parse_size,
-)
+from pdctl.lab.hub_models import HubError, Repo, RepoFile, Store, add_model, check_repo, parse_size
 
 DEFAULT_PORT = 8080
 DOWNLOADS_PATH = "/api/pdctl-lab/downloads"

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdctl.errors import InputError, PdctlError
+from pdctl.core.errors import InputError, PdctlError
+from pdctl.doors.workspace import cache_dir
 from pdctl.lab import hub, hub_models, network
 from pdctl.lab.state import LabHost, LabState
 from pdctl.lab.system import quiet, run
-from pdctl.workspace import cache_dir
 
 PORT = 8080
 START_TIMEOUT = 20.0

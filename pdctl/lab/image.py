@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdctl.core.versions import GRPC_STANDIN_PACKAGES
+from pdctl.doors.workspace import cache_dir
 from pdctl.lab import worker_tree
 from pdctl.lab.worker_tree import Engine
-from pdctl.versions import GRPC_STANDIN_PACKAGES
-from pdctl.workspace import cache_dir
 
 # What every image's base layer holds: these packages and what they depend on (per the
 # rootfs's dpkg database), less the package-management machinery a container never runs.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from pdctl.doors.workspace import write_atomic
 from pdctl.lab import registry
-from pdctl.workspace import write_atomic
 
 SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
 RESTORE = registry.REGISTRY / "inotify-restore"

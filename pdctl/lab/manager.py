@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pdctl.errors import InputError, NotFound, PdctlError
-from pdctl.fleet_model import FleetSettings
+from pdctl.core.errors import InputError, NotFound, PdctlError
+from pdctl.core.fleet_model import FleetSettings
+from pdctl.doors.workspace import Workspace
 from pdctl.lab import (
     faults,
     hub_service,
@@ -28,7 +29,6 @@ from pdctl.lab.host import SHARE_MOUNT, HostPaths, Shared
 from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.state import DEFAULT_GPU, LAB_GPUS, Fault, HostKind, LabHost, LabState, LinkLayer
 from pdctl.lab.system import require_programs, require_root, run
-from pdctl.workspace import Workspace
 
 Progress = Callable[[str], None]
 # Hosts take .11 up; .200-.254 stay free for failover addresses (a service's router address).

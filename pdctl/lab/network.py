@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pdctl.errors import EnvironmentProblem
+from pdctl.core.errors import EnvironmentProblem
 from pdctl.lab.state import LabHost, LabState
 from pdctl.lab.system import quiet, run
 

@@ -13,7 +13,7 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-from pdctl.errors import EnvironmentProblem
+from pdctl.core.errors import EnvironmentProblem
 
 REGISTRY = Path("/run/pdctl-lab")
 MAX_LABS = 64

@@ -16,9 +16,9 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from pdctl.errors import EnvironmentProblem
+from pdctl.core.errors import EnvironmentProblem
+from pdctl.doors.workspace import cache_dir
 from pdctl.lab.system import run
-from pdctl.workspace import cache_dir
 
 SUITE = "bookworm"
 PACKAGES = (

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from pdctl.workspace import write_atomic
+from pdctl.doors.workspace import write_atomic
 
 HostKind = Literal["cpu", "gpu"]
 LinkLayer = Literal["eth", "ib"]

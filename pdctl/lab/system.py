@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from pdctl.errors import EnvironmentProblem, PdctlError
+from pdctl.core.errors import EnvironmentProblem, PdctlError
 
 # What `make install` puts on the machine for the lab, by the program pdctl runs.
 LAB_PROGRAMS = {

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pdctl.errors import EnvironmentProblem
+from pdctl.core.errors import EnvironmentProblem
+from pdctl.core.versions import GRPC_STANDIN_PACKAGES, SMG_VERSION, scaler_requirements
+from pdctl.doors.workspace import cache_dir
 from pdctl.lab.system import run
-from pdctl.versions import GRPC_STANDIN_PACKAGES, SMG_VERSION, scaler_requirements
-from pdctl.workspace import cache_dir
 
 # Lab hosts run Debian bookworm's python3 (3.11, glibc 2.36).
 _TARGET = [

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pdctl import prefetch
+from pdctl.onhost import bundle
 
 PACKAGE = "pdlab_worker"
 WORKER_SOURCE = Path(__file__).parent / "worker"
+FETCHER = "pdctl.onhost.model_fetch"
 Engine = Literal["sglang", "vllm"]
 Area = Literal["site", "bin"]
 
@@ -80,9 +81,14 @@ def stand_in_files() -> Iterator[Entry]:
     for file in sorted(WORKER_SOURCE.rglob("*.py")):
         relative = file.relative_to(WORKER_SOURCE).as_posix()
         yield Entry("site", f"{PACKAGE}/{relative}", file.read_bytes())
-    # pdctl's model fetcher (one standard-library script): a stand-in with no cache mounted
-    # downloads its model with it, as an engine does through huggingface_hub (model_cache.py).
-    yield Entry("site", f"{PACKAGE}/model_fetch.py", prefetch.SCRIPT.encode())
+    # pdctl's model fetcher and what it imports (its bundle, as the package's own files): a
+    # stand-in with no cache mounted downloads its model with it, as an engine does through
+    # huggingface_hub (model_cache.py).
+    modules = bundle.modules(FETCHER)
+    packages = {name.rpartition(".")[0] for name in modules}
+    for name, source in modules.items():
+        path = name.replace(".", "/") + ("/__init__.py" if name in packages else ".py")
+        yield Entry("site", path, source.encode())
 
 
 def _wheel_target(name: str) -> str | None:

@@ -7,12 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pdctl import layout
-from pdctl import service as services
-from pdctl.errors import EnvironmentProblem, InputError, PdctlError
+from pdctl.core import layout
+from pdctl.core.errors import EnvironmentProblem, InputError, PdctlError
+from pdctl.doors import service as services
+from pdctl.doors.session import Session
+from pdctl.doors.workspace import Workspace
 from pdctl.scaler.loop import Store
 from pdctl.scaler.setup import handle_store, handle_stores
-from pdctl.workspace import Workspace
 
 # A scaler that has not recorded its state for this long is taken to be gone.
 HEARTBEAT_GRACE = 15.0
@@ -35,7 +36,7 @@ def alive(state: dict[str, Any] | None, now: float | None = None) -> bool:
 
 def refuse_if_daemon_runs(workspace: Workspace, name: str) -> None:
     plan = services.load_plan(workspace, name)
-    with services.open_handle(workspace, plan) as handle:
+    with Session(workspace) as session, services.open_handle(session, plan) as handle:
         if alive(recorded(handle_store(handle))):
             raise EnvironmentProblem(
                 f"a scaler for {name} already runs ({layout.scaler_unit(name)} on "
@@ -70,7 +71,10 @@ def pin(
                 hint=f"pdctl scale {name} {group} N (or auto)",
             )
         wanted = int(count)
-    with services.open_handle(workspace, plan, log=progress) as handle:
+    with (
+        Session(workspace) as session,
+        services.open_handle(session, plan, log=progress) as handle,
+    ):
         store = handle_store(handle)
         try:
             pins = json.loads(store.pins() or "{}")

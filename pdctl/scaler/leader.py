@@ -91,7 +91,7 @@ def serve_state(
     returns (the scaler's last recorded state). Nothing else is served."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             given = self.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 self._send(401, b'{"error": "unauthorized"}')
@@ -108,7 +108,7 @@ def serve_state(
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
+        def log_message(self, format: str, *args: Any) -> None:
             return None
 
     server = ThreadingHTTPServer((address, port), Handler)

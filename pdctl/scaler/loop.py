@@ -7,7 +7,7 @@ host that runs it). SIGTERM finishes the actions in hand, then exits.
 
 No host and no replica holds up the loop. Each tick reads every host's unit states and the
 router at once, then checks every running engine's health at once, each phase by its own
-deadline: what did not answer in time is a finding (pdctl/scaler/watch.py), not a wait.
+deadline: what did not answer in time is a finding (pdctl/core/scaling/watch.py), not a wait.
 Every action (start, register, deregister, drain and stop, kill, fence) runs in the
 background with its own timeout, at most one per slot; the tick after it ends takes its
 result. So a hung drain, a host that stopped answering or a frozen worker delays nothing
@@ -23,31 +23,22 @@ returns, stopped and disabled there before they can serve.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from pdctl import layout
-from pdctl.errors import EnvironmentProblem, HostError, PdctlError
-from pdctl.plan import WORKER_ROLES, Plan, Slot
-from pdctl.router import Router, Worker, open_circuits, requests_total
-from pdctl.scaler.calls import Answer, Calls, gather
-from pdctl.scaler.decide import Decision, History, Observation, Policy, decide
-from pdctl.scaler.leader import Leadership
-from pdctl.scaler.observe import (
+from pdctl.core import layout
+from pdctl.core.errors import HostError, PdctlError
+from pdctl.core.plan import WORKER_ROLES, Plan, Slot
+from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
+from pdctl.core.scaling.observe import (
     LATENCY_HISTOGRAMS,
     QUEUE_GAUGES,
     RUNNING_GAUGES,
@@ -56,8 +47,12 @@ from pdctl.scaler.observe import (
     gauge,
     histogram,
 )
-from pdctl.scaler.watch import Watch
-from pdctl.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.core.scaling.watch import Watch
+from pdctl.doors.router import Router, Worker, open_circuits, requests_total
+from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
+from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.leader import Leadership
+from pdctl.scaler.metrics import Metrics
 
 Log = Callable[[str], None]
 
@@ -122,76 +117,6 @@ class WorkerSignals:
     queue_per_replica: float | None = None
     inflight_per_replica: float | None = None
     serving: int | None = None  # replicas routed to (a started one serves once registered)
-
-
-@dataclass
-class Metrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.desired = Gauge(
-            "pdctl_scaler_desired_replicas", "Replicas the policy wants", ["group"], registry=r
-        )
-        self.running = Gauge(
-            "pdctl_scaler_running_replicas", "Replicas whose unit is active", ["group"], registry=r
-        )
-        self.rps = Gauge(
-            "pdctl_scaler_rps", "Client requests per second through the router", registry=r
-        )
-        self.signal = Gauge(
-            "pdctl_scaler_signal_value",
-            "The deciding signal's observed value (rps, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.target = Gauge(
-            "pdctl_scaler_signal_target",
-            "The deciding signal's target (rps per replica, or seconds for ttft/itl)",
-            ["group", "signal"],
-            registry=r,
-        )
-        self.queue = Gauge(
-            "pdctl_scaler_queue_per_replica",
-            "Requests waiting per routed replica (the workers' own gauge)",
-            ["group"],
-            registry=r,
-        )
-        self.decisions = Counter(
-            "pdctl_scaler_decisions", "Decisions by action", ["group", "action"], registry=r
-        )
-        self.actions = Histogram(
-            "pdctl_scaler_action_seconds", "Time an action took", ["action"], registry=r
-        )
-        self.failures = Counter(
-            "pdctl_scaler_action_failures", "Actions that failed", ["action"], registry=r
-        )
-        self.lost = Gauge(
-            "pdctl_scaler_host_lost",
-            "1 while a worker host is lost (its replicas replaced elsewhere)",
-            ["host"],
-            registry=r,
-        )
-        self.replaced = Counter(
-            "pdctl_scaler_replaced",
-            "Replicas replaced for not answering",
-            ["group", "reason"],
-            registry=r,
-        )
-
-
-@contextlib.contextmanager
-def service_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise EnvironmentProblem(
-                f"another scaler holds {path}",
-                hint="one scaler per service: stop the other one first",
-            ) from exc
-        yield
 
 
 def scale_in_order(
@@ -1048,23 +973,3 @@ def _show(signal: str | None, value: float | None) -> str:
     if signal in {"ttft", "itl"}:
         return f"{value * 1000:.0f}ms"
     return f"{value:.2f}"
-
-
-@contextlib.contextmanager
-def stop_on_signals(scaler: Scaler) -> Iterator[None]:
-    """SIGTERM/SIGINT: finish the action in hand, then leave the loop."""
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        scaler.log(f"signal {signum}: finishing the current action, then exiting")
-        scaler.stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def serve_metrics(metrics: Metrics, host: str, port: int) -> None:
-    start_http_server(port, addr=host, registry=metrics.registry)

@@ -19,16 +19,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pdctl import layout, ssh
-from pdctl import service as services
-from pdctl.errors import InputError
-from pdctl.layout import Layout
-from pdctl.plan import Plan, plan_from_extravars
-from pdctl.router import Router, tcp_connector
+from pdctl.core import layout
+from pdctl.core.errors import InputError
+from pdctl.core.layout import Layout
+from pdctl.core.plan import Plan, plan_from_extravars
+from pdctl.doors import service as services
+from pdctl.doors import ssh
+from pdctl.doors.router import Router, tcp_connector
+from pdctl.doors.session import Session
+from pdctl.doors.slots import Actuator
+from pdctl.doors.workspace import Workspace
 from pdctl.scaler import leader
 from pdctl.scaler.loop import Log, Scaler, Store
-from pdctl.slots import Actuator
-from pdctl.workspace import Workspace
 
 
 def default_config(service: str) -> Path:
@@ -152,7 +154,7 @@ def from_workspace(
     workspace: Workspace, name: str, log: Log, interval: float | None = None
 ) -> Iterator[Scaler]:
     plan = services.load_plan(workspace, name)
-    with services.open_handle(workspace, plan, log=log) as handle:
+    with Session(workspace) as session, services.open_handle(session, plan, log=log) as handle:
         yield Scaler(
             plan, handle.actuator, handle.router, handle_store(handle), interval=interval, log=log
         )

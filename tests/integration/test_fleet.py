@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import fleet as fleets
-from pdctl import inventory
-from pdctl.runner import STRATEGY_VARIABLE, run_playbook
-from pdctl.workspace import Workspace
+from pdctl.doors import inventory
+from pdctl.doors.runner import STRATEGY_VARIABLE, run_playbook
+from pdctl.doors.workspace import Workspace
+from pdctl.operations import fleet as fleets
 from tests.support import Lab, pdctl, pdctl_json, require_lab, start_lab
 
 FAULTS = {

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from pdctl import layout
-from pdctl.layout import Layout, Roots
+from pdctl.core import layout
+from pdctl.core.layout import Layout, Roots
 from tests import role_templates
 from tests.support import Lab, chat, pdctl, pdctl_json, require_lab, service_status
 

@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from pdctl import inventory, layout, plan, spec
-from pdctl.ansible_data import unsafe_yaml
-from pdctl.deploy import write_plan_file
-from pdctl.workspace import Workspace
+from pdctl.core import layout, plan, spec
+from pdctl.core.ansible_data import unsafe_yaml
+from pdctl.doors import inventory
+from pdctl.doors.workspace import Workspace
+from pdctl.operations.planning import write_plan_file
 from tests import role_templates
 from tests.support import (
     Lab,

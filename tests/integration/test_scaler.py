@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pdctl import layout
+from pdctl.core import layout
 from tests.support import Lab, lab_fleet, pdctl, service_status, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,10 +5,10 @@ A prefill and a decode (``python3 -m sglang.launch_server ... --grpc-mode
 --disaggregation-mode prefill|decode``, NIXL) run from the image's Python layout; SMG runs with
 ``--enable-igw`` and no ``--model-path`` (pdctl drops it: SMG takes the tokenizer from the
 workers' GetTokenizer), and the workers are registered through ``POST /workers`` as pdctl
-registers them (pdctl/plan.py Slot.registration: ``grpc://``, ``runtime_type: sglang``, the
-prefill's bootstrap port). A chat must come back in the decode's words, streamed or not, after
-the decode reached the prefill's bootstrap server for its room; SMG counts it for the scaler's
-RPS. Skipped only when no ``smg`` executable can be found.
+registers them (pdctl/core/plan/model.py Slot.registration: ``grpc://``,
+``runtime_type: sglang``, the prefill's bootstrap port). A chat must come back in the decode's
+words, streamed or not, after the decode reached the prefill's bootstrap server for its room;
+SMG counts it for the scaler's RPS. Skipped only when no ``smg`` executable can be found.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from smg_grpc_proto import sglang_scheduler_pb2 as pb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from pdctl.grpc_health import GRPC_STANDARD_HEALTH, grpc_healthy
+from pdctl.core.plan import Slot, WorkerRole
+from pdctl.doors.router import requests_total
 from pdctl.lab.worker.common import tokenizer
-from pdctl.plan import Slot, WorkerRole
-from pdctl.router import requests_total
+from pdctl.onhost.grpc_health import GRPC_STANDARD_HEALTH, grpc_healthy
 from tests.integration.test_worker_with_smg import (
     FAST_HEALTH,
     SMG,
@@ -245,7 +245,7 @@ def test_chat_streams_one_word_a_chunk(pd: PD) -> None:
 
 
 def test_smg_counts_the_requests_the_scaler_reads_as_rps(pd: PD) -> None:
-    """The scaler's RPS is the rate of smg_router_requests_total (pdctl/scaler/observe.py)."""
+    """The scaler's RPS is the rate of smg_router_requests_total (pdctl/core/scaling/observe.py)."""
 
     def total() -> float:
         return requests_total(request(pd.metrics, "GET", "/metrics").body.decode())
@@ -301,7 +301,7 @@ def test_health_info_loads_and_tokenizer(pd: PD) -> None:
 
 
 def test_pdctls_own_health_call_reads_grpc_health(pd: PD) -> None:
-    """pdctl's h2c call (pdctl/grpc_health.py, the roles' probe and the scaler) asks
+    """pdctl's h2c call (pdctl/onhost/grpc_health.py, the roles' probe and the scaler) asks
     grpc.health.v1 of an SGLang gRPC worker, the method its plan names."""
     worker = slot("decode", pd.decode)
     assert worker.probe_url("/health") == f"grpc://127.0.0.1:{pd.decode.port}{GRPC_STANDARD_HEALTH}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.plan import Plan
+from pdctl.core.plan import Plan
 from tests.support import Lab, assert_apart, chat, lab_fleet, lab_service, pdctl
 
 pytestmark = pytest.mark.lab

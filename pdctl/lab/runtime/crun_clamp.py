@@ -33,7 +33,8 @@ INFINITY = 2**64 - 1
 CAP_SYS_RESOURCE = 24
 WHY = "this machine cannot raise rlimits"
 # Added to crun's --version (which `podman info` shows as host.ociRuntime.version): how the
-# preflight (pdctl/hardware.py, RLIMIT_CLAMP_MARK) learns that container rlimits are emulated.
+# preflight (pdctl/onhost/hardware/runtime.py, RLIMIT_CLAMP_MARK) learns that container rlimits
+# are emulated.
 VERSION_NOTE = "rlimits: clamped to this host's hard limits (pdctl lab)"
 # crun's global options (before the command) that take the next word as their value.
 _GLOBAL_VALUED = frozenset(

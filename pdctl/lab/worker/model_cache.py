@@ -19,8 +19,9 @@ does what an engine does through ``huggingface_hub.snapshot_download``: it downl
 from that hub (``HF_TOKEN`` as the bearer token) into a temporary directory of its own (under
 ``$TMPDIR``: inside a container, its throw-away filesystem, so every start downloads again),
 then verifies and loads it from there as above. The download is pdctl's own fetcher
-(pdctl/model_fetch.py, which the lab image carries as ``pdlab_worker/model_fetch.py``: the hub
-API, every name checked before it becomes a path, resumes and retries). Only when no endpoint
+(pdctl/onhost/model_fetch.py, which the lab image carries with what it imports, as
+pdctl.onhost's own files: the hub API, every name checked before it becomes a path, resumes and
+retries). Only when no endpoint
 is given either does it start without loading (an INFO line says so), for lab specs that name
 neither a cache nor a hub.
 
@@ -39,10 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-try:  # the source tree: pdctl's own fetcher
-    from pdctl import model_fetch
-except ImportError:  # the lab image, which carries it beside the stand-ins (worker_tree.py)
-    from . import model_fetch  # type: ignore[attr-defined,no-redef]  # only in the image
+from pdctl.onhost import model_fetch  # the image carries it and its bundle (worker_tree.py)
 
 DEFAULT_LOAD_BYTES_PER_S = 1e9
 LOAD_RATE_ENV = "PDFAKE_LOAD_BYTES_PER_S"

@@ -1,1 +1,0 @@
-../../../pdctl/hardware.py

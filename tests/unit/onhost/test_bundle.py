@@ -1,0 +1,168 @@
+"""pdctl/onhost/bundle.py: what a bundle holds (an entry and what it imports of pdctl, nothing
+else), reproducibly; the argv and stdin it runs with; the text of a module that stands alone;
+and bundle.py loaded by its path with the standard library only, as the Ansible lookup does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdctl.onhost import bundle
+from pdctl.onhost.bundle import BundleError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _package(tmp_path: Path) -> Path:
+    """A small pdctl: a scaler that imports a core module, a lab nobody imports, caches."""
+    root = tmp_path / "src"
+    files = {
+        "pdctl/__init__.py": '"""pdctl."""\n',
+        "pdctl/scaler/__init__.py": "",
+        "pdctl/scaler/__main__.py": "from pdctl.scaler.loop import TICK\nprint(TICK)\n",
+        "pdctl/scaler/loop.py": (
+            "from typing import TYPE_CHECKING\n"
+            "from pdctl.core import plan\n"
+            "from . import calls\n"
+            "if TYPE_CHECKING:\n    from pdctl.lab import host\n"
+            "TICK = plan.STEP\n"
+        ),
+        "pdctl/scaler/calls.py": "import json\n",
+        "pdctl/core/__init__.py": "",
+        "pdctl/core/plan.py": "STEP = 2\n",
+        "pdctl/lab/__init__.py": "",
+        "pdctl/lab/host.py": "BOOTED = True\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "pdctl/scaler/__pycache__").mkdir()
+    (root / "pdctl/scaler/__pycache__/loop.cpython-311.pyc").write_bytes(b"\0")
+    return root
+
+
+def test_a_bundle_holds_its_entry_what_it_imports_and_their_packages(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    found = bundle.modules("pdctl.scaler", root)
+    assert list(found) == [
+        "pdctl",
+        "pdctl.core",
+        "pdctl.core.plan",
+        "pdctl.scaler",
+        "pdctl.scaler.__main__",
+        "pdctl.scaler.calls",
+        "pdctl.scaler.loop",
+    ]
+    assert found["pdctl.core.plan"] == "STEP = 2\n"
+
+
+def test_a_bundle_is_reproducible_and_follows_its_sources(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    first = bundle.stdin("pdctl.scaler", root)
+    again = bundle.stdin("pdctl.scaler", _package(tmp_path / "again"))
+    assert first == again
+    (root / "pdctl/core/plan.py").write_text("STEP = 3\n")
+    bundle.modules.cache_clear()
+    assert bundle.stdin("pdctl.scaler", root) != first
+
+
+def test_an_entry_that_is_no_module_of_pdctl_is_refused(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    with pytest.raises(BundleError, match="is not a module of pdctl"):
+        bundle.modules("pdctl.nothing", root)
+    with pytest.raises(BundleError, match="is not a module of pdctl"):
+        bundle.modules("json", root)
+
+
+def test_a_name_imported_from_a_package_is_bundled_when_it_is_a_module(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    (root / "pdctl/core/plan.py").write_text("from pdctl.core import rules, STEP\n")
+    (root / "pdctl/core/rules.py").write_text("")
+    (root / "pdctl/core/__init__.py").write_text("STEP = 2\n")
+    assert list(bundle.modules("pdctl.core.plan", root)) == [
+        "pdctl",
+        "pdctl.core",
+        "pdctl.core.plan",
+        "pdctl.core.rules",
+    ]
+
+
+def test_the_run_the_hosts_see(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    argv = bundle.argv("pdctl.scaler", ["run"])
+    assert argv == ["python3", "-c", bundle.BOOT, "pdctl.scaler", "run"]
+    assert shlex.split(bundle.command("pdctl.scaler", ["run"], become=True)) == [
+        "sudo",
+        "-n",
+        *argv,
+    ]
+    proc = subprocess.run(
+        bundle.argv("pdctl.scaler", python=sys.executable),
+        input=bundle.stdin("pdctl.scaler", root),
+        capture_output=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    assert proc.stdout == b"2\n"
+
+
+def test_the_loaders_line_says_nothing_a_unit_file_or_a_shell_would_read() -> None:
+    """The scaler's unit runs it as ExecStart=... -c "BOOT": systemd expands % and $ and
+    reads backslashes and quotes; it also travels in SSH commands and Ansible argv."""
+    assert not set(bundle.BOOT) & set("%$\\\"'`\n")
+    assert (ROOT / "pdctl/onhost/loader.py").read_bytes().isascii()  # framed by length
+
+
+def test_a_module_that_imports_nothing_of_pdctl_stands_alone() -> None:
+    text = bundle.source("pdctl.onhost.router_launch")
+    assert text == (ROOT / "pdctl/onhost/router_launch.py").read_text()
+    with pytest.raises(BundleError, match="cannot stand alone"):
+        bundle.source("pdctl.onhost.unit_probe")  # it imports the gRPC health call
+
+
+def test_the_lookup_loads_bundle_py_by_its_path_with_the_standard_library_only(
+    tmp_path: Path,
+) -> None:
+    """playbooks/lookup_plugins/pd_onhost.py loads bundle.py by its path: Ansible's Python need
+    not have pdctl. Under -S -I (no site-packages, so no pdctl) it builds pdctl's bundle."""
+    script = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('b', sys.argv[1])\n"
+        "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+        "sys.stdout.buffer.write(b.stdin('pdctl.scaler'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-I", "-c", script, str(ROOT / "pdctl/onhost/bundle.py")],
+        capture_output=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+        check=True,
+    )
+    assert proc.stdout == bundle.stdin("pdctl.scaler")
+
+
+def test_the_scalers_bundle_holds_no_lab_no_command_line_and_no_operation() -> None:
+    shipped = bundle.modules("pdctl.scaler")
+    assert "pdctl.scaler.daemon" in shipped and "pdctl.core.plan" in shipped
+    assert not [
+        name for name in shipped if name.startswith(("pdctl.lab", "pdctl.cli", "pdctl.operations"))
+    ]
+    loader, modules = _frames(bundle.stdin("pdctl.scaler"))
+    assert loader == (ROOT / "pdctl/onhost/loader.py").read_bytes()
+    assert json.loads(modules) == shipped
+
+
+def _frames(data: bytes) -> list[bytes]:
+    """The ``<length>\\n<bytes>`` frames of a host's stdin."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\n")
+        found.append(rest[: int(head)])
+        data = rest[int(head) :]
+    return found
