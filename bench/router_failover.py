@@ -23,6 +23,7 @@ The result is p50 of ROUNDS rounds each way, with the failed requests of each.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ import yaml
 
 from bench.host_loss import Prober, recovered_after
 from bench.lablib import FLEET, PDCTL, REPO, BenchError, BenchLab
+from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
+from pdctl.core.plan import build
+from pdctl.core.spec import load
 
 HOSTS = 4
 CPU_HOSTS = 2
@@ -77,16 +81,11 @@ def free_address(lab: BenchLab) -> str:
 def check_inputs(lab: BenchLab) -> None:
     """Both specs are valid and, on this lab's shape, the HA one plans its two routers on the
     two CPU hosts behind the address (no lab needed)."""
-    from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
-    from pdctl.core.plan import build
-    from pdctl.core.spec import load
-
     address = f"10.77.0.{ADDRESS_OFFSET}"
     load(write_spec(lab, None), lab.env)
     service, env = load(write_spec(lab, address), lab.env)
-    hosts = [
-        _host(f"cpu{i}", "cpu", FleetHost, Preflight) for i in range(1, CPU_HOSTS + 1)
-    ] + [_host(f"gpu{i}", "gpu", FleetHost, Preflight) for i in range(1, HOSTS - CPU_HOSTS + 1)]
+    hosts = [_host(f"cpu{i}", "cpu") for i in range(1, CPU_HOSTS + 1)]
+    hosts += [_host(f"gpu{i}", "gpu") for i in range(1, HOSTS - CPU_HOSTS + 1)]
     plan = build(service, env, Fleet(name=FLEET, hosts=hosts), secrets_digest="")
     placed = [r.host for r in plan.router.replicas]
     if placed != ["cpu1", "cpu2"] or plan.router.failover is None:
@@ -95,9 +94,9 @@ def check_inputs(lab: BenchLab) -> None:
         raise BenchError(f"router-failover: the plan's address is {plan.router.failover}")
 
 
-def _host(name: str, kind: str, host_type: Any, preflight: Any) -> Any:
+def _host(name: str, kind: str) -> FleetHost:
     number = int(name[-1]) + (0 if kind == "cpu" else CPU_HOSTS)
-    return host_type(
+    return FleetHost(
         name=name,
         address=f"10.77.0.{10 + number}",
         user="pdops",
@@ -107,14 +106,12 @@ def _host(name: str, kind: str, host_type: Any, preflight: Any) -> Any:
             "memory_gb": 64.0,
             "gpus": {"count": 8 if kind == "gpu" else 0, "model": "AMD Instinct MI300X"},
         },
-        preflight=preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00"),
+        preflight=Preflight(ok=True, checked_at="2026-01-01T00:00:00+00:00"),
     )
 
 
 def _status(lab: BenchLab) -> dict[str, Any]:
     """`pdctl status` (exit 8 is an answer too: the service is down)."""
-    import json
-
     proc = lab.run(PDCTL, "--json", "-q", "status", SERVICE, ok_codes=(0, 8))
     doc: dict[str, Any] = json.loads(proc.stdout)
     return doc

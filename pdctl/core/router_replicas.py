@@ -108,14 +108,17 @@ def place(
             )
         chosen.append(first)
     for wanted in ("cpu", "gpu"):
-        for host in hosts:
-            if len(chosen) < count and host.kind == wanted and host not in chosen:
-                if not short_of(host):
-                    chosen.append(host)
+        chosen += [
+            host
+            for host in hosts
+            if host.kind == wanted and host not in chosen and not short_of(host)
+        ][: count - len(chosen)]
     if len(chosen) == count:
         return chosen
     if not hosts:
-        raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
+        raise CheckFailed(
+            "no healthy host in the fleet for the router", hint="pdctl fleet check FLEET"
+        )
     fit = [h for h in hosts if not short_of(h)]
     if not fit:
         have = ", ".join(f"{h.name}: {short_of(h)}" for h in hosts)

@@ -33,12 +33,14 @@ class RouterView:
 
 
 def _command(plan: Plan) -> str:
-    where = plan.layout
+    unit = shlex.quote(layout.router_unit(plan.service))
+    state = shlex.quote(plan.layout.keepalived_state)
     return "; ".join(
         [
-            f"printf 'unit=%s\\n' \"$(systemctl is-active {shlex.quote(layout.router_unit(plan.service))})\"",
-            f"printf 'vrrp=%s\\n' \"$(cat {shlex.quote(where.keepalived_state)} 2>/dev/null)\"",
-            "ip -o -4 addr show 2>/dev/null | while read -r _ _ _ cidr _; do printf 'addr=%s\\n' \"$cidr\"; done",
+            f"printf 'unit=%s\\n' \"$(systemctl is-active {unit})\"",
+            f"printf 'vrrp=%s\\n' \"$(cat {state} 2>/dev/null)\"",
+            "ip -o -4 addr show 2>/dev/null"
+            " | while read -r _ _ _ cidr _; do printf 'addr=%s\\n' \"$cidr\"; done",
         ]
     )
 

@@ -325,7 +325,9 @@ def status(workspace: Workspace) -> dict[str, Any]:
         "link_rate": current.link_rate if current else None,
         # Addresses no lab host takes: a service's router failover address goes here.
         "free_addresses": (
-            f"{current.subnet}.{FAILOVER_FIRST}-{current.subnet}.{FAILOVER_LAST}" if current else None
+            f"{current.subnet}.{FAILOVER_FIRST}-{current.subnet}.{FAILOVER_LAST}"
+            if current
+            else None
         ),
         # What the hosts' runtimes granted in place of what units asked (crun_clamp.py).
         "emulated": sorted({line for lines in emulated.values() for line in lines}),

@@ -169,10 +169,11 @@ def ensure_rootfs(progress: Callable[[str], None]) -> Path:
         (build / ".pdctl-rootfs").write_text(json.dumps(recipe(), indent=2))
         build.rename(final)
         in_use = _mounted_lowerdirs()
-        for old in base.iterdir():  # earlier recipes are dead weight (~450 MB each)...
-            if old.is_dir() and old != final and not old.name.startswith(".build"):
-                if str(old) not in in_use:  # ...unless a running lab's hosts boot on one
-                    shutil.rmtree(old, ignore_errors=True)
+        # Earlier recipes are dead weight (~450 MB each), unless a running lab boots on one.
+        for old in base.iterdir():
+            earlier = old.is_dir() and old != final and not old.name.startswith(".build")
+            if earlier and str(old) not in in_use:
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -55,7 +55,9 @@ def _write_pins(handle: services.Handle, text: str, progress: Callable[[str], No
         except PdctlError as exc:
             if number == 0:
                 raise
-            progress(f"{host}: pins not written ({exc.message}); it takes them from the acting scaler")
+            progress(
+                f"{host}: pins not written ({exc.message}); it takes them from the acting scaler"
+            )
 
 
 def pin(

@@ -39,7 +39,11 @@ def holds(address: str) -> bool:
         nonlocal_bind = False
     if nonlocal_bind:
         out = subprocess.run(
-            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5
+            ["ip", "-o", "-4", "addr", "show"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout
         return any(f" {address}/" in line for line in out.splitlines())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -66,7 +70,9 @@ def pull_state(peers: list[str], key: str, service: str) -> dict[str, Any] | Non
     best: dict[str, Any] | None = None
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     for base in peers:
-        request = urllib.request.Request(
+        if not base.startswith("http://"):
+            continue
+        request = urllib.request.Request(  # noqa: S310 - http:// only, checked above
             base + STATE_PATH, headers={"Authorization": f"Bearer {key}"}
         )
         try:

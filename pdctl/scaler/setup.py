@@ -70,9 +70,7 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
     # This host's router (config router_host: the pd_scaler role's host), else the first.
     local = plan.router.replica(str(config.get("router_host") or "")) or plan.router.replicas[0]
     key = _read_key(Path(config["api_key_file"]))
-    router = Router(
-        local.address, plan.router.port, plan.router.metrics_port, key, tcp_connector()
-    )
+    router = Router(local.address, plan.router.port, plan.router.metrics_port, key, tcp_connector())
     store = Store.directory(Path(config["state_dir"]))
     # The scaler's key is restricted to pdctl-unitctl on the worker hosts (no sudo prefix:
     # the forced command does that itself); health checks go straight to the workers, and a

@@ -210,9 +210,31 @@ def wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held])
         if span is not None:
             raise _meets(plan.service, listener, span)
         ledger.take(listener.host, listener.first, listener.last, _named(listener))
-    notes: list[str] = []
+    notes = _router_ports(spec, plan, ledger)
+    positions: dict[str, int] = {}
+    for slot in placed:
+        nth = ledger.free_position(
+            slot.host,
+            positions.get(slot.host, 0),
+            partial(_position_spans, spec, slot.group, len(slot.gpus)),
+        )
+        if nth is None:
+            raise _past_the_end(spec, slot, positions.get(slot.host, 0))
+        positions[slot.host] = nth + 1
+        slot.port, slot.bootstrap_port, slot.side_channel_port = _slot_ports(spec, slot.group, nth)
+        for first, last in _position_spans(spec, slot.group, len(slot.gpus), nth):
+            ledger.take(slot.host, first, last, slot.name)
+    plan.scaler_metrics_port = _free_on_all(
+        ledger, plan.router.hosts, SCALER_METRICS_PORT, SCALER_METRICS, None
+    )
+    return notes
+
+
+def _router_ports(spec: Spec, plan: Plan, ledger: Ledger) -> list[str]:
+    """The ports pdctl picks for the routers: one of each (the routers', their metrics', their
+    mesh's) free on every router host, since clients and the failover address use one."""
+    notes = []
     router = plan.router
-    # One port of each for every router host (clients and the failover address use one).
     if "port" not in spec.model_fields_set:
         router.port = _free_on_all(ledger, router.hosts, router.port, ROUTER, "port")
         if router.port != spec.port:
@@ -234,22 +256,6 @@ def wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held])
         router.mesh_port = _free_on_all(ledger, router.hosts, router.mesh_port, ROUTER_MESH, None)
         for host in router.hosts:
             ledger.take(host, router.mesh_port, router.mesh_port, f"the {ROUTER_MESH}")
-    positions: dict[str, int] = {}
-    for slot in placed:
-        nth = ledger.free_position(
-            slot.host,
-            positions.get(slot.host, 0),
-            partial(_position_spans, spec, slot.group, len(slot.gpus)),
-        )
-        if nth is None:
-            raise _past_the_end(spec, slot, positions.get(slot.host, 0))
-        positions[slot.host] = nth + 1
-        slot.port, slot.bootstrap_port, slot.side_channel_port = _slot_ports(spec, slot.group, nth)
-        for first, last in _position_spans(spec, slot.group, len(slot.gpus), nth):
-            ledger.take(slot.host, first, last, slot.name)
-    plan.scaler_metrics_port = _free_on_all(
-        ledger, router.hosts, SCALER_METRICS_PORT, SCALER_METRICS, None
-    )
     return notes
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import yaml
+
 from pdctl.core.errors import CheckFailed
 from pdctl.core.plan import Held, Plan, build, listeners, plan_from_extravars
 from pdctl.core.router_replicas import MESH_PORT, virtual_router_id
 from pdctl.core.spec import parse
-
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 
 
