@@ -1,7 +1,7 @@
 """Write the deploy extra-vars for the lab, with molecule's host names (node1..) for addresses.
 
 Usage: make_plan.py WORKSPACE SPEC OUT. HF_TOKEN must be set (the spec takes it from the
-environment); the plan itself holds only its name. PDCTL_MOLECULE_ROUTERS=N (a scenario's
+environment); the plan itself holds only its name. MOLECULE_PD_ROUTERS=N (a scenario's
 molecule.yml sets it) runs the router group at count N behind a failover address: the first
 address the lab leaves free.
 """
@@ -25,7 +25,7 @@ def main() -> None:
     fleet = inventory.load(workspace, "lab")
     for host in fleet.hosts:
         host.name = names[host.address]
-    routers = int(os.environ.get("PDCTL_MOLECULE_ROUTERS") or 1)
+    routers = int(os.environ.get("MOLECULE_PD_ROUTERS") or 1)
     if routers > 1:
         doc = yaml.safe_load(spec_path.read_text())
         doc["replicas"][0]["count"] = routers
