@@ -921,6 +921,9 @@ class Scaler:
             "interval": self.interval,
             "pins": pins,
             "groups": {role: d.to_dict() for role, d in self.last.items()},
+            # Each group's memory (last scale, stabilization window): its cooldowns hold
+            # across a restart, and across a move to another router host's scaler.
+            "histories": {role: h.to_dict() for role, h in self.histories.items()},
             "hosts": hosts,
             "condemned": sorted(self.watch.condemned),
             **self.watch.to_dict(),
