@@ -49,6 +49,9 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     assert "host-loss: the spec is valid and plans a spare of each group on another host" in (
         proc.stderr
     )
+    assert "router-failover: both specs valid; the two routers go to the two CPU hosts" in (
+        proc.stderr
+    )
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout

@@ -171,9 +171,8 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     assert deployed.routers()[other] == "active"
     started = time.monotonic()
     wait_for(lambda: added <= deployed.workers_on(holder), 60, step=0.5)
-    print(
-        f"router-ha: the returned router lists the new worker {time.monotonic() - started:.1f} s later"
-    )
+    took = time.monotonic() - started
+    print(f"router-ha: the returned router lists the new worker {took:.1f} s later")
     assert deployed.workers_on(holder) == deployed.workers_on(other)
 
 

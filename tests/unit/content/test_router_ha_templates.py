@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -74,9 +74,7 @@ def test_one_router_without_an_address_listens_on_its_own_and_has_no_mesh() -> N
 @pytest.mark.parametrize("routers", [1, 2])
 def test_the_units_read_the_same_with_or_without_trim_blocks(routers: int) -> None:
     extra = plan_vars(routers)
-    assert role_templates.router_unit(extra) == role_templates.router_unit(
-        extra, trim_blocks=True
-    )
+    assert role_templates.router_unit(extra) == role_templates.router_unit(extra, trim_blocks=True)
     assert role_templates.keepalived_conf(extra, "cpu1", NET) == role_templates.keepalived_conf(
         extra, "cpu1", NET, trim_blocks=True
     )
@@ -124,13 +122,13 @@ def test_keepalived_runs_apart_from_the_hosts_own() -> None:
 
 
 class _Router(http.server.BaseHTTPRequestHandler):
-    answers: dict[str, int] = {"/health": 200, "/readiness": 503}
+    answers: ClassVar[dict[str, int]] = {"/health": 200, "/readiness": 503}
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's API
+    def do_GET(self) -> None:
         self.send_response(self.answers.get(self.path, 404))
         self.end_headers()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
+    def log_message(self, format: str, *args: Any) -> None:
         return None
 
 

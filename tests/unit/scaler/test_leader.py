@@ -45,7 +45,7 @@ def test_the_state_server_answers_only_with_the_key() -> None:
         assert leader.pull_state([base], "another key", "s") is None
         assert leader.pull_state([base], KEY, "another service") is None
         with pytest.raises(urllib.error.HTTPError) as caught:
-            urllib.request.urlopen(base + "/state", timeout=5)  # noqa: S310 - a local test server
+            urllib.request.urlopen(base + "/state", timeout=5)
         assert caught.value.code == 401
         assert leader.pull_state(["http://127.0.0.1:1", base], KEY, "s") is not None
     finally:
@@ -57,9 +57,7 @@ def test_the_standby_keeps_the_acting_state_and_goes_on_from_it(world: World) ->
     acting = world.scaler  # host a's scaler
     server = leader.serve_state("127.0.0.1", 0, KEY, acting.store.state)
     peer = f"http://127.0.0.1:{server.server_address[1]}"
-    acting.leader = Leadership(
-        "10.0.0.200", lambda: holder["address"] == "a", lambda: None
-    )
+    acting.leader = Leadership("10.0.0.200", lambda: holder["address"] == "a", lambda: None)
     files: dict[str, str] = {}
     log: list[str] = []
     standby = Scaler(
