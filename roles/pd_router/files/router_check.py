@@ -42,9 +42,15 @@ def health(host: str, port: int, timeout: float, state_file: str) -> int:
 def notify(path: str, state: str) -> int:
     if state not in STATES:
         return 1
+    # Readable by pdctl's SSH user (`pdctl status` reads it without sudo), whatever the
+    # umask keepalived runs its scripts with.
     tmp = path + ".new"
-    with open(tmp, "w") as out:
-        out.write(state + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        os.write(fd, (state + "\n").encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     return 0
 

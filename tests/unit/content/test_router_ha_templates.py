@@ -152,7 +152,7 @@ def test_the_holder_stays_while_its_router_lives_a_backup_takes_over_only_ready(
     state = tmp_path / "state"
     port = str(router)
     assert check("notify", str(state), "INSTANCE", "pd_x", "MASTER", "150") == 0
-    assert state.read_text() == "MASTER\n"
+    assert state.read_text() == "MASTER\n" and state.stat().st_mode & 0o777 == 0o644
     assert check("health", "127.0.0.1", port, "2", str(state)) == 0  # /health: 200
     check("notify", str(state), "INSTANCE", "pd_x", "BACKUP", "150")
     assert check("health", "127.0.0.1", port, "2", str(state)) == 1  # /readiness: 503
