@@ -91,7 +91,9 @@ def test_keepalived_holds_the_address_by_unicast_and_never_preempts() -> None:
     ):
         body = " ".join(text.split())
         assert "state BACKUP nopreempt interface eth0 virtual_router_id 200" in body
-        assert f"priority {priority} advert_int 1 unicast_src_ip {own}" in body
+        assert f"priority {priority} advert_int 1 " in body
+        assert f"unicast_src_ip {own}" in body
+        assert "garp_master_repeat 3 garp_master_delay 1 garp_master_refresh 60" in body
         assert f"unicast_peer {{ {peer} }}" in body
         assert "virtual_ipaddress { 10.0.0.200/24 dev eth0 }" in body
         assert "track_script { pd_pdlab_router }" in body
