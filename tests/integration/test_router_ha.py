@@ -155,7 +155,9 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     # The scaler on the new holder acts: it takes a pin (pdctl writes it to the router hosts
     # that answer) and scales decode out; the worker is registered through its router.
     before = deployed.workers_on(other)
-    deployed.pdctl("scale", SERVICE, "decode", "2")
+    wait_for(lambda: deployed.status()["scaler"]["running"], 60, step=2, what="the scaler acts")
+    pinned = deployed.pdctl("scale", SERVICE, "decode", "2")
+    assert pinned["applied_now"] is False, pinned  # the scaler applies it, not pdctl itself
 
     def decode_serves_two() -> bool:
         replicas = deployed.status()["groups"]["decode"]["replicas"]
@@ -174,6 +176,26 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     took = time.monotonic() - started
     print(f"router-ha: the returned router lists the new worker {took:.1f} s later")
     assert deployed.workers_on(holder) == deployed.workers_on(other)
+
+
+def test_a_rolling_update_of_the_routers_keeps_the_address_served(
+    deployed: Deployment,
+) -> None:
+    """A changed router setting restarts the routers one at a time; the holder hands the
+    address over first: requests through it go on succeeding."""
+    spec = deployed.home / "pd.yml"
+    doc = yaml.safe_load(spec.read_text())
+    doc["pdctl"]["router"]["health_check_interval"] = "3s"
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    load = Load(f"http://{deployed.address}:30000", deployed.key, rps=4)
+    load.start()
+    time.sleep(2)
+    deployed.pdctl("deploy", str(spec), "--fleet", "lab", "-y")
+    sent = load.finish()
+    failed = [s.detail for s in sent if not s.ok]
+    print(f"router-ha: rolling update: {len(sent)} sent, {len(failed)} failed: {failed}")
+    assert len(sent) > 20 and not failed
+    wait_for(lambda: sorted(deployed.routers().values()) == ["active", "backup"], 60, step=2)
 
 
 def test_a_worker_change_reaches_every_router_within_seconds(deployed: Deployment) -> None:
@@ -195,3 +217,21 @@ def test_a_worker_change_reaches_every_router_within_seconds(deployed: Deploymen
     apart = abs(gone[routers[0]] - gone[routers[1]])
     print(f"router-ha: a removed worker left the two routers {apart:.2f} s apart")
     assert apart < 5.0, apart
+
+
+def test_destroy_removes_keepalived_and_the_address(deployed: Deployment) -> None:
+    routers = sorted(deployed.routers())
+    deployed.pdctl("destroy", SERVICE, "-y")
+    unit = f"pd-{SERVICE}-keepalived.service"
+    for router in routers:
+        node = deployed.nodes[router]
+        found = deployed.lab.ssh(
+            node,
+            f"systemctl cat {unit} >/dev/null 2>&1 && echo unit; "
+            f"ls /etc/pdctl/{SERVICE} 2>/dev/null; ip -o -4 addr show",
+            user="root",
+        ).stdout
+        assert "unit" not in found.split() and f" {deployed.address}/" not in found, found
+        assert "router.env" not in found and "mesh-ca.key" not in found, found
+    with pytest.raises(OSError):
+        socket.create_connection((deployed.address, 30000), timeout=2).close()
