@@ -106,6 +106,12 @@ def test_keepalived_holds_the_address_by_unicast_and_never_preempts() -> None:
         assert "multicast" not in body.replace("no multicast", "")
 
 
+def test_a_lone_router_holds_its_address_without_peers() -> None:
+    text = role_templates.keepalived_conf(plan_vars(1), "cpu1", NET)
+    assert "unicast_peer" not in text and "unicast_src_ip" not in text
+    assert "virtual_ipaddress {\n        10.0.0.200/24 dev eth0\n    }" in text
+
+
 def test_keepalived_runs_apart_from_the_hosts_own() -> None:
     extra = plan_vars(2)
     where = extra["pd_layout"]
