@@ -33,6 +33,11 @@ R = B / A (higher is better):
   bench/scaler_phases.py (alternating prompt-/answer-heavy phases: per-phase policy vs RPS)
   and bench/scaler_budget.py (two services growing at once under one GPU budget: pdctl's
   ledger versus scalers that do not know of each other, and a first-come counter).
+- router-failover: from the power-off of the router host the clients reach until requests
+  succeed again, p50 of 3, on a 4-host lab (two CPU hosts): two routers behind a failover
+  address (keepalived moves it, the mesh gave the other router every worker) versus today's
+  single router, which recovers only by a person's `fleet remove --force` + `deploy`
+  (bench/router_failover.py); the failed requests of each round in the same line.
 - fabric: `fleet check --fabric` on a lab of --hosts GPU hosts (a full mesh, round-robin
   rounds, every pair of a round at once) versus the same pairs one after another, as a
   hand-run script does them (bench/fabric.py).
@@ -58,6 +63,7 @@ from bench import (
     fabric,
     host_loss,
     model_fanout,
+    router_failover,
     scale_warm,
     scaler_budget,
     scaler_phases,
@@ -84,6 +90,7 @@ NAMES = (
     "scale-action",
     "scale-out-warm",
     "host-loss",
+    "router-failover",
     "model-fanout",
     "fabric",
 )
@@ -209,6 +216,38 @@ def host_loss_bench(wanted: set[str]) -> None:
 
     if "host-loss" in wanted:
         with_lab(host_loss.HOSTS, body)
+
+
+def router_failover_bench(wanted: set[str]) -> None:
+    def body(lab: BenchLab) -> None:
+        progress(f"router-failover: {router_failover.ROUNDS} rounds each, {host_loss.RPS:g} rps")
+        ours = router_failover.measure_pdctl(lab, progress)
+        progress(f"fresh lab: {lab.hosts} hosts")
+        lab.fresh()
+        theirs = router_failover.measure_baseline(lab, progress)
+        result(
+            line(
+                "router-failover",
+                router_failover.p50(ours),
+                router_failover.p50(theirs),
+                lab.hosts,
+                f"p50 of {len(ours)} power-offs each; pdctl "
+                + ", ".join(f"{t:.1f} s ({n} failed)" for t, n in ours)
+                + "; baseline (fleet remove --force + deploy) "
+                + ", ".join(f"{t:.1f} s ({n} failed)" for t, n in theirs),
+            )
+        )
+
+    if "router-failover" in wanted:
+        lab = BenchLab(OUT / "ws-router", router_failover.HOSTS, router_failover.CPU_HOSTS)
+        lab.forget_services()
+        progress(f"lab up: {lab.hosts} hosts, {lab.cpu_hosts} without GPUs")
+        try:
+            lab.up()
+            lab.fleet_add()
+            body(lab)
+        finally:
+            lab.down()
 
 
 def big_lab(wanted: set[str], hosts: int, actions_count: int, small: dict[str, float]) -> None:
@@ -342,6 +381,8 @@ def dry_run(hosts: int, small: int) -> None:
     )
     host_loss.check_inputs(BenchLab(out, host_loss.HOSTS))
     progress("host-loss: the spec is valid and plans a spare of each group on another host")
+    router_failover.check_inputs(BenchLab(out, router_failover.HOSTS, router_failover.CPU_HOSTS))
+    progress("router-failover: both specs valid; the two routers go to the two CPU hosts")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         small_deploy(wanted, args.small, small)
         scale_out_warm(wanted)
         host_loss_bench(wanted)
+        router_failover_bench(wanted)
         if wanted & BIG_LAB:
             big_lab(wanted, args.hosts, args.actions, small)
         fabric_mesh(wanted, args.hosts)

@@ -75,14 +75,58 @@ def worker_unit(
     )
 
 
-def router_unit(plan_vars: dict[str, Any], *, trim_blocks: bool = False, **more: Any) -> str:
-    """The router's unit as pd_router writes it."""
-    venv = f"{plan_vars['pd_layout']['smg_venv_prefix']}{plan_vars['pd_router']['smg_version']}"
+def router_vars(plan_vars: dict[str, Any], host: str | None = None) -> dict[str, Any]:
+    """What pd_router's vars/main.yml derives on ``host`` (default: the first router)."""
+    router = plan_vars["pd_router"]
+    replicas = router["replicas"]
+    host = host or replicas[0]["host"]
+    me = next(r for r in replicas if r["host"] == host)
+    return {
+        "_pd_router_venv": f"{plan_vars['pd_layout']['smg_venv_prefix']}{router['smg_version']}",
+        "_pd_router_self": me,
+        "_pd_router_peers": [r["address"] for r in replicas if r["host"] != host],
+        "_pd_router_mesh": len(replicas) > 1,
+        "_pd_router_failover": router["failover"],
+        "_pd_router_listen": "0.0.0.0" if router["failover"] else me["address"],
+        "_pd_router_priority": 150 - [r["host"] for r in replicas].index(host),
+    }
+
+
+def router_unit(
+    plan_vars: dict[str, Any], *, host: str | None = None, trim_blocks: bool = False, **more: Any
+) -> str:
+    """The router's unit as pd_router writes it on ``host`` (default: the first router)."""
     return render(
         "pd_router",
         "router.service.j2",
-        {**plan_vars, "_pd_router_venv": venv, **more},
+        {**plan_vars, **router_vars(plan_vars, host), **more},
         trim_blocks=trim_blocks,
+    )
+
+
+def keepalived_conf(
+    plan_vars: dict[str, Any],
+    host: str,
+    net: dict[str, Any],
+    *,
+    trim_blocks: bool = False,
+) -> str:
+    """keepalived's config as pd_router writes it on ``host``, whose router address is on the
+    interface and prefix ``net`` names (what the role reads on the host)."""
+    return render(
+        "pd_router",
+        "keepalived.conf.j2",
+        {**plan_vars, **router_vars(plan_vars, host), "_pd_router_net": net},
+        trim_blocks=trim_blocks,
+    )
+
+
+def keepalived_unit(plan_vars: dict[str, Any], program: str = "/usr/sbin/keepalived") -> str:
+    """keepalived's unit as pd_router writes it."""
+    return render(
+        "pd_router",
+        "keepalived.service.j2",
+        {**plan_vars, "_pd_router_keepalived": program},
     )
 
 

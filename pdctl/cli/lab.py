@@ -49,6 +49,11 @@ def _render_status(app: App, doc: dict[str, Any]) -> None:
             app.out.line(f"  downloaded {count}x: {name}")
     for line in doc["emulated"]:
         app.out.line(f"emulated: {line}")
+    if doc.get("free_addresses"):
+        app.out.line(
+            f"free for failover addresses (pdctl: {{router: {{address: IP}}}}): "
+            f"{doc['free_addresses']}"
+        )
     app.out.line("register these hosts as a fleet with:")
     app.out.line(f"  {doc['fleet_add']}")
 

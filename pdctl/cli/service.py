@@ -314,6 +314,12 @@ def _render_status(app: App, doc: StatusResult) -> None:
         )
     app.out.line(f"health: {doc.health}")
     app.out.line(f"router on {router.host}: {router.state}")
+    if len(doc.routers) > 1 or doc.failover_address:
+        where = f" behind {doc.failover_address}" if doc.failover_address else ""
+        states = ", ".join(
+            f"{r.host} {r.state}" + (f" ({r.error})" if r.error else "") for r in doc.routers
+        )
+        app.out.line(f"routers{where}: {states}")
     for host, why in doc.unreachable.items():
         app.out.line(f"{host}: unreachable: {why}")
     _render_scaler(app, doc.scaler)
@@ -461,6 +467,9 @@ def endpoint(app: App, service: str, show_key: bool) -> None:
             app.out.line(f"api key:  {doc.api_key}")
         else:
             _endpoint_line(app, doc)
+        if len(doc.endpoints) > 1 and doc.endpoint in doc.endpoints:
+            # No failover address: clients that fail over themselves take every router.
+            app.out.line(f"every router: {' '.join(doc.endpoints)}")
 
     app.out.result(doc, render)
 

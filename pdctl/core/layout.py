@@ -52,6 +52,16 @@ SCALER_KNOWN_HOSTS = "scaler_known_hosts"
 ROUTER_LAUNCHER = "router_launch.py"  # in the router's install dir
 SMG_VENV_PREFIX = "smg-"  # <install root>/smg-<version>: one venv per SMG version
 SCALER_INSTALL = "scaler"  # <install root>/scaler: shared by the host's scalers
+# Several routers (router HA): the SMG mesh's mutual TLS, a CA that every router host keeps
+# (any of them signs a new router's certificate), and keepalived, which holds the failover
+# address on a healthy router.
+MESH_CA_CERT = "mesh-ca.pem"
+MESH_CA_KEY = "mesh-ca.key"
+MESH_CERT = "mesh.pem"
+MESH_KEY = "mesh.key"
+KEEPALIVED_CONF = "keepalived.conf"
+ROUTER_CHECK = "router_check.py"  # in the router's install dir: keepalived's health check
+KEEPALIVED_STATE = "state"  # in its run dir: MASTER, BACKUP, FAULT (router_check.py notify)
 
 # ---------------------------------------------------------------- files of a state dir
 # What the scaler records every tick (fences, its heartbeat): named apart from its config.
@@ -156,6 +166,11 @@ def scaler_unit(service: str) -> str:
     return f"{prefix(service)}scaler.service"
 
 
+def keepalived_unit(service: str) -> str:
+    """The service's own keepalived (its failover address), apart from the host's keepalived."""
+    return f"{prefix(service)}keepalived.service"
+
+
 def unit_file(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
@@ -212,6 +227,15 @@ class Layout:
         return f"{RUN_DIR}/{self.service}-scaler.lock"
 
     @property
+    def keepalived_run_dir(self) -> str:
+        """keepalived's pid files and its state (MASTER, BACKUP, ...): gone when it stops."""
+        return f"{RUN_DIR}/{self.service}-keepalived"
+
+    @property
+    def keepalived_state(self) -> str:
+        return f"{self.keepalived_run_dir}/{KEEPALIVED_STATE}"
+
+    @property
     def scaler_sudoers(self) -> str:
         return f"{SUDOERS_DIR}/{SCALER_USER}-{self.service}"
 
@@ -231,6 +255,15 @@ class Layout:
             "state_dir": self.state_dir,
             "router_home": self.router_home,
             "router_launcher": f"{self.router_home}/{ROUTER_LAUNCHER}",
+            "router_check": f"{self.router_home}/{ROUTER_CHECK}",
+            "mesh_ca_cert": self.config_file(MESH_CA_CERT),
+            "mesh_ca_key": self.config_file(MESH_CA_KEY),
+            "mesh_cert": self.config_file(MESH_CERT),
+            "mesh_key": self.config_file(MESH_KEY),
+            "keepalived_conf": self.config_file(KEEPALIVED_CONF),
+            "keepalived_unit": keepalived_unit(svc),
+            "keepalived_run_dir": self.keepalived_run_dir,
+            "keepalived_state": self.keepalived_state,
             "smg_venv_prefix": smg_venv("", self.roots),
             "scaler_home": self.scaler_home,
             "unit_dir": UNIT_DIR,

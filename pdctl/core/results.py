@@ -63,6 +63,19 @@ class RouterStatus(BaseModel):
     unit: str
 
 
+class RouterReplicaStatus(BaseModel):
+    """One of the service's routers: active (clients reach it: it holds the failover address,
+    or there is none), backup (it runs and would take the address over), or down."""
+
+    host: str
+    address: str
+    url: str
+    state: Literal["active", "backup", "down"]
+    unit: str  # its unit's systemd state ("unreachable": its host did not answer)
+    vrrp: str | None = None  # keepalived's state there (MASTER, BACKUP, FAULT)
+    error: str | None = None  # why its host did not answer
+
+
 class ReplicaStatus(BaseModel):
     """One planned slot: its unit on its host and the router's view of it."""
 
@@ -140,7 +153,10 @@ class StatusResult(BaseModel):
     endpoint: str
     api_key_file: str
     scaler: ScalerStatus
-    groups: StatusGroups
+    groups: StatusGroups  # groups.router: the router clients reach (the address holder)
+    # Every router of the service, and the failover address in front of them (None: none).
+    routers: list[RouterReplicaStatus] = Field(default_factory=list)
+    failover_address: str | None = None
     model: ModelStatus | None = None
     health: ServiceHealth = "serving"
     # hosts of the plan that did not answer (their replicas' state is "unreachable"): the SSH
@@ -159,7 +175,8 @@ class EndpointResult(BaseModel):
     without it the document has no ``api_key`` key at all."""
 
     service: str
-    endpoint: str
+    endpoint: str  # the failover address's URL, else the first router's
+    endpoints: list[str] = Field(default_factory=list)  # every router's own URL
     api_key: str | None = None
 
     @model_serializer(mode="wrap")

@@ -21,8 +21,10 @@ from pdctl.core.errors import HostError, InputError, NotFound
 from pdctl.core.fleet_model import Fleet
 from pdctl.core.plan import Plan
 from pdctl.core.results import RecordState
-from pdctl.doors import ssh
+from pdctl.core.router_replicas import url
+from pdctl.doors import router_views, ssh
 from pdctl.doors.router import Router
+from pdctl.doors.router_views import RouterView
 from pdctl.doors.session import Session
 from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace, write_atomic
@@ -157,6 +159,10 @@ class Handle:
     router: Router
     actuator: Actuator
     router_problem: str | None = None  # why the router's API key could not be read
+    # Several routers, or a failover address: each router as read live (router_views.py);
+    # ``router`` is the one clients reach. None for a plan of one router and no address.
+    routers: list[RouterView] | None = None
+    router_host: str = ""  # the host of ``router``
 
 
 def _router_env(plan: Plan) -> str:
@@ -176,12 +182,20 @@ def _api_key(pool: ssh.Pool, target: ssh.Target, path: str) -> str:
 
 
 def endpoint(plan: Plan) -> str:
-    """The URL clients use: the router's address and port from the plan."""
-    return f"http://{plan.router.address}:{plan.router.port}"
+    """The URL clients use: the failover address (keepalived holds it on a healthy router),
+    else the first router's address, with the routers' port, from the plan."""
+    router = plan.router
+    return url(router.failover.address if router.failover else router.address, router.port)
+
+
+def endpoints(plan: Plan) -> list[str]:
+    """Every router's own URL, in the plan's order (clients that fail over themselves)."""
+    return [url(replica.address, plan.router.port) for replica in plan.router.replicas]
 
 
 def api_key_file(plan: Plan) -> str:
-    """Where the router's API key lives, as ``host:path``."""
+    """Where the router's API key lives, as ``host:path`` (the same key on every router
+    host: the first is named)."""
     return f"{plan.router.host}:{_router_env(plan)}"
 
 
@@ -192,9 +206,21 @@ def _target(session: Session, plan: Plan, name: str) -> ssh.Target:
 
 
 def router_api_key(session: Session, plan: Plan) -> str:
-    """The router's API key, read over SSH from its host (the one copy: pdctl keeps none)."""
-    target = _target(session, plan, plan.router.host)
-    return _api_key(session.pool(plan.fleet), target, _router_env(plan))
+    """The router's API key, read over SSH from a router host (the copies there are the only
+    ones: pdctl keeps none): the first in the plan's order that answers."""
+    targets = [_target(session, plan, host) for host in plan.router.hosts]
+    return _any_key(session.pool(plan.fleet), targets, plan)
+
+
+def _any_key(pool: ssh.Pool, targets: list[ssh.Target], plan: Plan) -> str:
+    problem: HostError | None = None
+    for target in targets:
+        try:
+            return _api_key(pool, target, _router_env(plan))
+        except HostError as exc:
+            problem = problem or exc
+    assert problem is not None  # a plan has at least one router
+    raise problem
 
 
 @contextmanager
@@ -207,16 +233,23 @@ def open_handle(
     fleet = session.fleet(plan.fleet)
     targets = {name: _target(session, plan, name) for name in plan.hosts()}
     pool = session.pool(plan.fleet)
-    router_target = targets[plan.router.host]
+    views = None
+    chosen = plan.router.replicas[0]
+    if plan.router.meshed or plan.router.failover:
+        views = router_views.read(plan, pool, targets)
+        found = router_views.acting(views)
+        if found is not None:
+            chosen = plan.router.replica(found.host) or chosen
+    router_target = targets[chosen.host]
     key, problem = None, None
     try:
-        key = _api_key(pool, router_target, _router_env(plan))
+        key = _any_key(pool, [router_target, *(targets[h] for h in plan.router.hosts)], plan)
     except HostError as exc:
         if need_key:
             raise
         problem = exc.message
     router = Router(
-        plan.router.address,
+        chosen.address,
         plan.router.port,
         plan.router.metrics_port,
         key,
@@ -229,6 +262,8 @@ def open_handle(
         targets=targets,
         router=router,
         router_problem=problem,
+        routers=views,
+        router_host=chosen.host,
         actuator=Actuator(
             plan,
             pool,
@@ -241,16 +276,18 @@ def open_handle(
 
 
 def scaler_unit(handle: Handle, verb: str) -> bool:
-    """Start or stop the service's scaler unit; False when there is none."""
+    """Start or stop the service's scaler units (one per router host); False when there is
+    none."""
     unit = layout.scaler_unit(handle.plan.service)
-    target = handle.targets[handle.plan.router.host]
-    if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
-        return False
-    result = handle.pool.run(
-        target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
-    )
-    if result.rc != 0:
-        raise HostError(
-            f"{handle.plan.router.host}: systemctl {verb} {unit} failed: {result.stderr.strip()}"
+    found = False
+    for host in handle.plan.router.hosts:
+        target = handle.targets[host]
+        if handle.pool.run(target, f"systemctl cat {unit} >/dev/null 2>&1").rc != 0:
+            continue
+        found = True
+        result = handle.pool.run(
+            target, f"sudo -n systemctl {verb} {unit}", timeout=handle.plan.stop_timeout + 90
         )
-    return True
+        if result.rc != 0:
+            raise HostError(f"{host}: systemctl {verb} {unit} failed: {result.stderr.strip()}")
+    return found

@@ -264,6 +264,9 @@ def _nspawn_argv(state: LabState, host: LabHost, paths: HostPaths, shared: Share
         "--keep-unit",
         "--console=passive",
         f"--network-namespace-path=/run/netns/{state.netns(host)}",
+        # Its own namespace's addresses: keepalived adds and removes a failover address (a
+        # host of its own network namespace changes nothing outside it).
+        "--capability=CAP_NET_ADMIN",
         f"--bind-ro={paths.fake}:/etc/pd-fake",
         f"--bind={paths.containers}:/var/lib/containers",
         f"--bind-ro={paths.bin}:/usr/local/bin",

@@ -31,7 +31,10 @@ from pdctl.lab.state import DEFAULT_GPU, LAB_GPUS, Fault, HostKind, LabHost, Lab
 from pdctl.lab.system import require_programs, require_root, run
 
 Progress = Callable[[str], None]
-MAX_HOSTS = 200
+# Hosts take .11 up; .200-.254 stay free for failover addresses (a service's router address).
+FIRST_HOST = 11
+FAILOVER_FIRST, FAILOVER_LAST = 200, 254
+MAX_HOSTS = FAILOVER_FIRST - FIRST_HOST
 BOOT_TIMEOUT = 180.0
 FAKES_SOURCE = Path(__file__).parent / "fakes"
 RUNTIME_SOURCE = Path(crun_clamp.__file__).parent
@@ -91,7 +94,7 @@ def _desired(
                 name=f"node{i + 1}",
                 index=i + 1,
                 kind=kind,
-                address=f"{subnet}.{10 + i + 1}",
+                address=f"{subnet}.{FIRST_HOST + i}",
                 gpu=gpu,
                 link_layer=layer,
             )
@@ -320,6 +323,12 @@ def status(workspace: Workspace) -> dict[str, Any]:
         "hub": hub_service.status(current, lab.dir),
         # Each host's link, both ways, in bytes/s (None: the veth's own speed).
         "link_rate": current.link_rate if current else None,
+        # Addresses no lab host takes: a service's router failover address goes here.
+        "free_addresses": (
+            f"{current.subnet}.{FAILOVER_FIRST}-{current.subnet}.{FAILOVER_LAST}"
+            if current
+            else None
+        ),
         # What the hosts' runtimes granted in place of what units asked (crun_clamp.py).
         "emulated": sorted({line for lines in emulated.values() for line in lines}),
     }

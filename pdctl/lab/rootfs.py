@@ -34,6 +34,8 @@ PACKAGES = (
     "crun",
     "containernetworking-plugins",
     "procps",
+    # Router HA: VRRP between the router hosts moves the service's failover address.
+    "keepalived",
 )
 # The sudo user every lab host has besides root (key login, passwordless sudo).
 SUDO_USER = "pdops"
@@ -166,10 +168,24 @@ def ensure_rootfs(progress: Callable[[str], None]) -> Path:
         _customize(build)
         (build / ".pdctl-rootfs").write_text(json.dumps(recipe(), indent=2))
         build.rename(final)
-        for old in base.iterdir():  # earlier recipes are dead weight (~450 MB each)
-            if old.is_dir() and old != final and not old.name.startswith(".build"):
+        in_use = _mounted_lowerdirs()
+        # Earlier recipes are dead weight (~450 MB each), unless a running lab boots on one.
+        for old in base.iterdir():
+            earlier = old.is_dir() and old != final and not old.name.startswith(".build")
+            if earlier and str(old) not in in_use:
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _mounted_lowerdirs(mountinfo: Path = Path("/proc/self/mountinfo")) -> set[str]:
+    """The lower directories of this machine's overlay mounts (a lab host's root sits on the
+    rootfs it booted from)."""
+    found: set[str] = set()
+    for line in mountinfo.read_text(errors="replace").splitlines():
+        for option in line.split(" - ", 1)[-1].split()[-1].split(","):
+            if option.startswith("lowerdir="):
+                found.update(option.removeprefix("lowerdir=").split(":"))
+    return found
 
 
 def _write(root: Path, path: str, text: str, mode: int = 0o644) -> None:

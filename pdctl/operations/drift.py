@@ -80,13 +80,16 @@ def expectations(plan: Plan) -> dict[str, HostExpectation]:
             for group in sorted({s.group for s in slots}):
                 roots += _unit_files(layout.worker_unit(svc, group))
                 images.add(plan.groups[group].image)
-        if host == plan.router.host:
+        if host in plan.router.hosts:
             roots += [
                 where.router_home,
                 where.scaler_home,
                 layout.smg_venv(plan.router.smg_version, plan.roots),
             ]
-            for unit in (layout.router_unit(svc), layout.scaler_unit(svc)):
+            router_units = [layout.router_unit(svc), layout.scaler_unit(svc)]
+            if plan.router.failover:
+                router_units.append(layout.keepalived_unit(svc))
+            for unit in router_units:
                 roots += _unit_files(unit)
                 units.append(unit)
         found[host] = HostExpectation(

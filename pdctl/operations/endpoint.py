@@ -19,5 +19,6 @@ def endpoint(session: Session, name: str, *, show_key: bool) -> EndpointResult:
     return EndpointResult(
         service=name,
         endpoint=services.endpoint(plan),
+        endpoints=services.endpoints(plan),
         api_key=services.router_api_key(session, plan) if show_key else None,
     )

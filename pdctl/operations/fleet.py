@@ -594,7 +594,7 @@ def failure(doc: dict[str, Any]) -> CheckFailed | None:
 def _uses(plan: Plan) -> dict[str, list[str]]:
     """Host -> what the plan has there: its router, its slots (spares too: the scaler starts
     them on that host whenever it scales out)."""
-    found: dict[str, list[str]] = {plan.router.host: ["router"]}
+    found: dict[str, list[str]] = {host: ["router"] for host in plan.router.hosts}
     for slot in plan.slots():
         found.setdefault(slot.host, []).append(slot.name if slot.start else f"{slot.name} (spare)")
     return found

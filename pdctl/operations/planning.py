@@ -122,17 +122,19 @@ def plan_table(plan: Plan) -> list[tuple[str, ...]]:
     """One row per listener owner: the router (its port, metrics and the scaler's), each
     slot (its port, and its bootstrap, side channel and KV connector ports)."""
     router = plan.router
+    mesh = f", mesh {router.mesh_port}" if router.meshed else ""
     rows: list[tuple[str, ...]] = [
         (
-            "router",
-            router.host,
+            "router" if not router.meshed else f"router/{number}",
+            host,
             "-",
             "-",
             f"{router.port}",
-            f"metrics {router.metrics_port}, scaler {plan.scaler_metrics_port}",
+            f"metrics {router.metrics_port}, scaler {plan.scaler_metrics_port}{mesh}",
             layout.router_unit(plan.service),
             "start",
         )
+        for number, host in enumerate(router.hosts, start=1)
     ]
     for slot in plan.slots():
         rows.append(
@@ -166,7 +168,9 @@ def diff(old: Plan | None, new: Plan) -> list[str]:
     """What changes between the plan that runs and the new one, one line each."""
     if old is None:
         return [
-            f"+ new service {new.service}: router on {new.router.host}, "
+            f"+ new service {new.service}: router on {', '.join(new.router.hosts)}"
+            + (f" behind {new.router.failover.address}" if new.router.failover else "")
+            + ", "
             + ", ".join(f"{len(new.groups[r].slots)} {r} slot(s)" for r in WORKER_ROLES)
         ]
     lines: list[str] = []

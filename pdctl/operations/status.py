@@ -13,18 +13,20 @@ from pydantic import TypeAdapter, ValidationError
 from pdctl.core import layout
 from pdctl.core.errors import HostError, PdctlError, ServiceDown
 from pdctl.core.failover import plan_host_loss
-from pdctl.core.plan import WORKER_ROLES, WorkerRole
+from pdctl.core.plan import WORKER_ROLES, Plan, WorkerRole
 from pdctl.core.results import (
     GroupStatus,
     HostLossStatus,
     ModelStatus,
     ReplicaStatus,
+    RouterReplicaStatus,
     RouterStatus,
     ScalerStatus,
     ServiceHealth,
     StatusGroups,
     StatusResult,
 )
+from pdctl.core.router_replicas import url
 from pdctl.core.scaling.decide import Decision
 from pdctl.core.unhealthy import Unhealthy
 from pdctl.doors import service as services
@@ -58,11 +60,12 @@ def status(session: Session, name: str) -> StatusResult:
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"
         scaler = None
-        if plan.router.host not in unreachable:
+        if handle.router_host not in unreachable:
             try:
                 scaler = control.recorded(handle_store(handle))
             except PdctlError:
                 scaler = None
+        routers = _routers(plan, handle, router_state)
         model = prefetch.status(
             plan, handle.fleet.settings.model_endpoint, handle.pool, handle.targets
         )
@@ -134,8 +137,8 @@ def status(session: Session, name: str) -> StatusResult:
         ),
         groups=StatusGroups(
             router=RouterStatus(
-                host=plan.router.host,
-                address=plan.router.address,
+                host=handle.router_host,
+                address=handle.router.address,
                 port=plan.router.port,
                 state=router_state,
                 unit=layout.router_unit(plan.service),
@@ -143,10 +146,40 @@ def status(session: Session, name: str) -> StatusResult:
             prefill=groups["prefill"],
             decode=groups["decode"],
         ),
+        routers=routers,
+        failover_address=plan.router.failover.address if plan.router.failover else None,
         model=ModelStatus.model_validate(model) if model else None,
         health=health,
         unreachable=unreachable,
     )
+
+
+def _routers(plan: Plan, handle: services.Handle, router_state: str) -> list[RouterReplicaStatus]:
+    """Every router as read live (several, or an address: doors/router_views.py); a lone
+    router without an address is active unless it does not answer."""
+    if handle.routers is None:
+        one = plan.router.replicas[0]
+        return [
+            RouterReplicaStatus(
+                host=one.host,
+                address=one.address,
+                url=url(one.address, plan.router.port),
+                state="down" if router_state.startswith("unreachable") else "active",
+                unit="unknown",
+            )
+        ]
+    return [
+        RouterReplicaStatus(
+            host=view.host,
+            address=view.address,
+            url=url(view.address, plan.router.port),
+            state=view.state,
+            unit=view.unit,
+            vrrp=view.vrrp,
+            error=view.error,
+        )
+        for view in handle.routers
+    ]
 
 
 def status_failure(doc: StatusResult) -> ServiceDown | None:

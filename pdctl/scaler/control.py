@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pdctl.core import layout
-from pdctl.core.errors import EnvironmentProblem, InputError
+from pdctl.core.errors import EnvironmentProblem, InputError, PdctlError
 from pdctl.doors import service as services
 from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 from pdctl.scaler.loop import Store
-from pdctl.scaler.setup import handle_store
+from pdctl.scaler.setup import handle_store, handle_stores
 
 # A scaler that has not recorded its state for this long is taken to be gone.
 HEARTBEAT_GRACE = 15.0
@@ -40,8 +40,23 @@ def refuse_if_daemon_runs(workspace: Workspace, name: str) -> None:
         if alive(recorded(handle_store(handle))):
             raise EnvironmentProblem(
                 f"a scaler for {name} already runs ({layout.scaler_unit(name)} on "
-                f"{plan.router.host})",
+                f"{handle.router_host or plan.router.host})",
                 hint="one scaler per service: steer it with `pdctl scale`, or stop that unit",
+            )
+
+
+def _write_pins(handle: services.Handle, text: str, progress: Callable[[str], None]) -> None:
+    """The pins on every router host (whichever scaler acts, now or after the failover
+    address moves, reads the same); a router host that does not answer is said, and gets
+    them from the acting scaler when it is back. The acting one's must be written."""
+    for number, (host, store) in enumerate(handle_stores(handle).items()):
+        try:
+            store.write(layout.SCALER_PINS, text)
+        except PdctlError as exc:
+            if number == 0:
+                raise
+            progress(
+                f"{host}: pins not written ({exc.message}); it takes them from the acting scaler"
             )
 
 
@@ -71,7 +86,7 @@ def pin(
             pins.pop(group, None)
         else:
             pins[group] = wanted
-        store.write(layout.SCALER_PINS, json.dumps(pins, indent=2, sort_keys=True))
+        _write_pins(handle, json.dumps(pins, indent=2, sort_keys=True), progress)
         if wanted is None:
             return {
                 "service": name,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
 from pdctl.onhost.gpu_ledger import Ask
 from pdctl.onhost.gpu_ledger_file import LedgerBusy
 from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.leader import Leadership
 from pdctl.scaler.ledger_door import LedgerDoor
 from pdctl.scaler.metrics import Metrics
 
@@ -212,8 +214,13 @@ class Scaler:
         metrics: Metrics | None = None,
         advise: bool | None = None,
         ledger: LedgerDoor | None = None,
+        leader: Leadership | None = None,
     ) -> None:
         self.plan, self.actuator, self.router, self.store = plan, actuator, router, store
+        # Several router hosts run a scaler each: this one acts only while ``leader`` says its
+        # host holds the failover address (None: it always acts).
+        self.leader = leader
+        self.acting: bool | None = None
         failover = plan.failover
         self.interval = failover.interval if interval is None else interval
         self.log, self.clock = log, clock
@@ -268,12 +275,51 @@ class Scaler:
             previous = json.loads(self.store.state() or "{}")
         except (ValueError, PdctlError, OSError):
             return
-        if previous.get("service") != self.plan.service:
+        if not isinstance(previous, dict) or previous.get("service") != self.plan.service:
             return
         for role, data in (previous.get("histories") or {}).items():
             if role in self.histories and isinstance(data, dict):
                 self.histories[role] = History.from_dict(data)
         self.watch.restore(previous)
+
+    # -- one acts, the others stand by -----------------------------------------------------
+    def _leading(self) -> bool:
+        """Whether this scaler acts this tick. Standing by, it keeps the acting scaler's
+        recorded state (and pins) as its own, so that it goes on from there when the failover
+        address comes to its host: it restores that state first."""
+        if self.leader is None:
+            return True
+        try:
+            holds = self.leader.holds()
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._say("holds", f"cannot tell whether this host holds {self.leader.address}: {exc}")
+            holds = False
+        if not holds:
+            self._adopt(self.leader.pull())
+            if self.acting is not False:
+                self.log(
+                    f"standing by: the failover address {self.leader.address} is on another "
+                    "router host (its scaler acts)"
+                )
+            self.acting = False
+            return False
+        if self.acting is not True:
+            self._restore()
+            self.log(f"acting: this host holds the failover address {self.leader.address}")
+            self.acting = True
+        return True
+
+    def _adopt(self, doc: dict[str, Any] | None) -> None:
+        """The acting scaler's state (and pins), kept as this one's."""
+        if doc is None:
+            return
+        try:
+            self.store.write(layout.SCALER_STATE, json.dumps(doc, indent=2))
+            pins = doc.get("pins")
+            if isinstance(pins, dict) and pins != self._pins():
+                self.store.write(layout.SCALER_PINS, json.dumps(pins, indent=2, sort_keys=True))
+        except (OSError, PdctlError) as exc:
+            self._say("adopt", f"could not keep the acting scaler's state: {exc}")
 
     def close(self) -> None:
         """Stop taking calls (threads stuck on a dead host end with their own timeouts)."""
@@ -882,6 +928,8 @@ class Scaler:
         """One round: observe, judge, decide, hold to the budget, act. An advising scaler
         observes and decides only: it starts, stops, registers and replaces nothing."""
         self._collect()
+        if not self._leading():
+            return {}
         now = self.clock()
         view = self._observe(now)
         if view is None:
@@ -1061,6 +1109,9 @@ class Scaler:
             "interval": self.interval,
             "pins": pins,
             "groups": {role: d.to_dict() for role, d in self.last.items()},
+            # Each group's memory (last scale, stabilization window): its cooldowns hold
+            # across a restart, and across a move to another router host's scaler.
+            "histories": {role: h.to_dict() for role, h in self.histories.items()},
             "hosts": hosts,
             "condemned": sorted(self.watch.condemned),
             "mode": "advise" if self.advise else "act",

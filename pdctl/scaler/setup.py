@@ -11,23 +11,26 @@ through the router host.
 from __future__ import annotations
 
 import json
+import operator
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pdctl.core import layout
 from pdctl.core.errors import InputError
 from pdctl.core.layout import Layout
-from pdctl.core.plan import plan_from_extravars
+from pdctl.core.plan import Plan, plan_from_extravars
 from pdctl.doors import service as services
 from pdctl.doors import ssh
 from pdctl.doors.router import Router, tcp_connector
 from pdctl.doors.session import Session
 from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace
-from pdctl.scaler.ledger_door import LedgerDoor, local, read_only
+from pdctl.scaler import leader, ledger_door
+from pdctl.scaler.ledger_door import LedgerDoor, read_only
 from pdctl.scaler.loop import Log, Scaler, Store
 
 
@@ -65,13 +68,11 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
         )
         for name, (address, port) in config["hosts"].items()
     }
-    router = Router(
-        plan.router.address,
-        plan.router.port,
-        plan.router.metrics_port,
-        _read_key(Path(config["api_key_file"])),
-        tcp_connector(),
-    )
+    # This host's router (config router_host: the pd_scaler role's host), else the first.
+    local = plan.router.replica(str(config.get("router_host") or "")) or plan.router.replicas[0]
+    key = _read_key(Path(config["api_key_file"]))
+    router = Router(local.address, plan.router.port, plan.router.metrics_port, key, tcp_connector())
+    store = Store.directory(Path(config["state_dir"]))
     # The scaler's key is restricted to pdctl-unitctl on the worker hosts (no sudo prefix:
     # the forced command does that itself); health checks go straight to the workers, and a
     # worker whose host is gone fails its check within the probe timeout (no longer).
@@ -80,22 +81,55 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
         plan, pool, targets, router, sudo=False, log=log, connector=lambda _t: probe
     )
     interval = config.get("interval")
-    ledger = local(Path(plan.layout.gpu_ledger(plan.fleet))) if plan.gpu_budget else None
+    ledger = (
+        ledger_door.local(Path(plan.layout.gpu_ledger(plan.fleet))) if plan.gpu_budget else None
+    )
+    server = None
+    leadership = None
+    if plan.router.meshed:
+        leadership = _leadership(plan, local.host, key)
+        # The peers pull this scaler's state from here (its host's own address).
+        server = leader.serve_state(local.address, plan.scaler_metrics_port, key, store.state)
     try:
         yield (
             Scaler(
                 plan,
                 actuator,
                 router,
-                Store.directory(Path(config["state_dir"])),
+                store,
                 interval=float(interval) if interval not in (None, "") else None,
                 log=log,
                 ledger=ledger,
+                leader=leadership,
             ),
             config,
         )
     finally:
+        if server is not None:
+            server.shutdown()
         pool.close()
+
+
+def _leadership(plan: Plan, host: str, key: str) -> leader.Leadership:
+    """Several routers, a scaler on each host: the one whose host holds the failover address
+    acts (without an address, the first router's), the others pull its state."""
+    peers = [
+        f"http://{r.address}:{plan.scaler_metrics_port}"
+        for r in plan.router.replicas
+        if r.host != host
+    ]
+    failover = plan.router.failover
+    if failover is not None:
+        address = failover.address
+        holds: Callable[[], bool] = partial(leader.holds, address)
+    else:
+        address = f"{plan.router.address} (the first router's: no failover address)"
+        holds = partial(operator.eq, host, plan.router.host)
+    return leader.Leadership(
+        address=address,
+        holds=holds,
+        pull=partial(leader.pull_state, peers, key, plan.service),
+    )
 
 
 def remote_store(pool: ssh.Pool, target: ssh.Target, directory: str) -> Store:
@@ -164,6 +198,16 @@ def _remote_ledger(handle: services.Handle) -> Callable[[], str | None]:
 
 
 def handle_store(handle: services.Handle) -> Store:
-    """The scaler's state and pins on the router host, seen from the control node."""
+    """The acting scaler's state and pins, on the router host clients reach (the failover
+    address's holder), seen from the control node."""
     plan = handle.plan
-    return remote_store(handle.pool, handle.targets[plan.router.host], plan.layout.state_dir)
+    host = handle.router_host or plan.router.host
+    return remote_store(handle.pool, handle.targets[host], plan.layout.state_dir)
+
+
+def handle_stores(handle: services.Handle) -> dict[str, Store]:
+    """Every router host's scaler store (pins go to each), the acting one's first."""
+    plan = handle.plan
+    hosts = [handle.router_host or plan.router.host]
+    hosts += [h for h in plan.router.hosts if h not in hosts]
+    return {h: remote_store(handle.pool, handle.targets[h], plan.layout.state_dir) for h in hosts}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import actions, baseline, host_loss, model_fanout, scale_warm
+from bench import actions, baseline, host_loss, model_fanout, router_failover, scale_warm
 from bench.lablib import line, percentile, spec_filling
 from pdctl.core import spec
 from pdctl.core.fleet_model import Fleet, FleetSettings
@@ -49,11 +49,25 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     assert "host-loss: the spec is valid and plans a spare of each group on another host" in (
         proc.stderr
     )
+    assert "router-failover: both specs valid; the two routers go to the two CPU hosts" in (
+        proc.stderr
+    )
     for trace in ("diurnal", "spike", "sawtooth"):
         assert (ROOT / "bench" / "out" / f"scaler_{trace}.png").stat().st_size > 10_000
     assert "alternating       per-phase" in proc.stdout
     for trace in ("alternating", "alternating-ramp"):
         assert (ROOT / "bench" / "out" / f"phases_{trace}.png").stat().st_size > 10_000
+
+
+def test_router_failover_runs_two_routers_behind_the_address_against_one() -> None:
+    ours = router_failover.service_spec("10.77.0.200")
+    assert ours["replicas"][0]["count"] == 2
+    assert ours["pdctl"]["router"]["address"] == "10.77.0.200"
+    theirs = router_failover.service_spec(None)
+    assert theirs["replicas"][0]["count"] == 1 and "address" not in theirs["pdctl"]["router"]
+    for doc in (ours, theirs):  # the scaler holds the groups where the deploy put them
+        assert [g["count"] for g in doc["replicas"][1:]] == [1, 1]
+    assert router_failover.p50([(3.0, 1), (9.0, 0), (4.0, 2)]) == 4.0
 
 
 def test_host_loss_recovery_is_the_first_request_after_the_last_failure() -> None:

@@ -234,8 +234,8 @@ def deployment(shared_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Dep
         plan=extravars,
         plan_file=plan_file,
         canary=canary,
-        router=nodes[extravars["pd_router_host"]],
-        router_address=extravars["pd_router"]["address"],
+        router=nodes[extravars["pd_router_hosts"][0]],
+        router_address=extravars["pd_router"]["replicas"][0]["address"],
         workers=[nodes[h] for h in extravars["pd_worker_hosts"]],
     )
 

@@ -42,6 +42,16 @@ def test_recipe_hash_follows_the_package_list(monkeypatch: pytest.MonkeyPatch) -
     assert rootfs.recipe_hash() != first
 
 
+def test_a_rootfs_a_running_lab_boots_on_is_in_use(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "27 1 0:26 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n"
+        "54 27 0:106 / /ws/.pdctl/lab/hosts/node1/root rw,relatime - overlay overlay "
+        "rw,lowerdir=/var/cache/pdctl/rootfs/aaaa:/extra,upperdir=/ws/u,workdir=/ws/w,uuid=on\n"
+    )
+    assert rootfs._mounted_lowerdirs(mountinfo) == {"/var/cache/pdctl/rootfs/aaaa", "/extra"}
+
+
 def _fake_rootfs(root: Path) -> Path:
     """A rootfs with a dpkg database, merged /usr and a few files of python3's closure."""
     (root / "usr/bin").mkdir(parents=True)

@@ -17,6 +17,7 @@ from pdctl.core.fleet_model import GpuVendor, natural_key
 from pdctl.core.host_devices import NIC_NAME, NIC_NAME_RULE
 from pdctl.core.launch import Connection, Engine
 from pdctl.core.layout import Layout, Roots
+from pdctl.core.router_replicas import MESH_PORT, FailoverAddress, RouterReplica
 from pdctl.core.spec import (
     DEFAULT_PORT_STRIDE,
 )
@@ -209,14 +210,52 @@ class ProbePlan(BaseModel):
 
 
 class RouterPlan(BaseModel):
-    host: str
-    address: str
+    """The service's routers: one, or several on distinct hosts (SMG's mesh between them, on
+    ``mesh_port``), each listening on ``port`` and its metrics on ``metrics_port``; with a
+    failover address in front of them (keepalived, roles/pd_router) or none."""
+
+    replicas: list[RouterReplica] = Field(min_length=1)
     port: int
     metrics_port: int
+    mesh_port: int = MESH_PORT
+    failover: FailoverAddress | None = None
     smg_version: str = SMG_VERSION
     args: list[str]
     health_check_interval: int
     wheelhouse: str | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_router_of_old(cls, data: Any) -> Any:
+        # A plan stored by an older pdctl names its one router's host and address.
+        if isinstance(data, dict) and "replicas" not in data and "host" in data:
+            one = {"host": data.get("host"), "address": data.get("address")}
+            data = {k: v for k, v in data.items() if k not in one}
+            data["replicas"] = [one]
+        return data
+
+    @property
+    def hosts(self) -> list[str]:
+        """The router hosts, in the plan's order (the first wins a first election)."""
+        return [replica.host for replica in self.replicas]
+
+    @property
+    def host(self) -> str:
+        """The first router's host: the one router of a plan with one."""
+        return self.replicas[0].host
+
+    @property
+    def address(self) -> str:
+        """The first router's own address."""
+        return self.replicas[0].address
+
+    def replica(self, host: str) -> RouterReplica | None:
+        return next((r for r in self.replicas if r.host == host), None)
+
+    @property
+    def meshed(self) -> bool:
+        """Several routers share their workers through SMG's mesh."""
+        return len(self.replicas) > 1
 
 
 class Plan(BaseModel):
@@ -267,7 +306,7 @@ class Plan(BaseModel):
         return [slot for role in WORKER_ROLES for slot in self.groups[role].slots]
 
     def hosts(self) -> list[str]:
-        names = {self.router.host, *(slot.host for slot in self.slots())}
+        names = {*self.router.hosts, *(slot.host for slot in self.slots())}
         return sorted(names, key=natural_key)
 
     def extravars(self) -> dict[str, Any]:
@@ -292,7 +331,7 @@ class Plan(BaseModel):
             "pd_fleet": self.fleet,
             "pd_plan_hosts": self.hosts(),
             "pd_worker_hosts": sorted(host_slots, key=natural_key),
-            "pd_router_host": self.router.host,
+            "pd_router_hosts": self.router.hosts,
             "pd_host_slots": host_slots,
             "pd_layout": self.layout.extravar(WORKER_ROLES),
             **{

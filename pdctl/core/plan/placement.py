@@ -29,6 +29,8 @@ from pdctl.core.plan.model import (
 from pdctl.core.plan.ports import Held, check_listeners, wire_ports
 from pdctl.core.plan.wiring import check_kv_ip, plan_volumes, wire_slots
 from pdctl.core.router_flags import IGW_FLAG, dropped_flags, kept_flags, launch_line
+from pdctl.core.router_replicas import RouterReplica, place
+from pdctl.core.router_replicas import failover as failover_address
 from pdctl.core.spec import (
     Env,
     Gpu,
@@ -107,34 +109,17 @@ def _eligible(fleet: Fleet, excluded: dict[str, str]) -> list[FleetHost]:
     return hosts
 
 
-def _router_host(spec: Spec, hosts: list[FleetHost]) -> FleetHost:
-    """pdctl.router.host, else the first CPU host (else GPU host) with the router group's
-    cpu and memory minimums."""
+def _router_hosts(spec: Spec, hosts: list[FleetHost]) -> list[FleetHost]:
+    """The router group's count of distinct hosts: pdctl.router.host first, then CPU hosts,
+    then GPU hosts, with the router group's cpu and memory minimums."""
     router = next((g for g in spec.replicas if g.role == "router"), None)
     resources = router.resources if router else None
-    wanted = spec.pdctl.router.host
-    if wanted:
-        chosen = next((h for h in hosts if wanted in {h.name, h.address}), None)
-        if chosen is None:
-            raise CheckFailed(f"pdctl.router.host {wanted!r} is not a healthy host of the fleet")
-        short = _short_of(chosen, resources)
-        if short:
-            raise CheckFailed(
-                f"pdctl.router.host {wanted}: {short}, the router group's resources",
-                hint="lower the router group's cpu/memory, or name another host",
-            )
-        return chosen
-    for kind in ("cpu", "gpu"):
-        chosen = next((h for h in hosts if h.kind == kind and not _short_of(h, resources)), None)
-        if chosen:
-            return chosen
-    if hosts and resources:
-        have = ", ".join(f"{h.name}: {_short_of(h, resources)}" for h in hosts)
-        raise CheckFailed(
-            f"no healthy host has the router group's resources ({have})",
-            hint="lower the router group's cpu/memory, or add a host that has them",
-        )
-    raise CheckFailed("no healthy host in the fleet for the router", hint="pdctl fleet check FLEET")
+    return place(
+        spec.routers,
+        hosts,
+        pinned=spec.pdctl.router.host,
+        short_of=lambda host: _short_of(host, resources),
+    )
 
 
 def _short_of(host: FleetHost, resources: Resources | None) -> str | None:
@@ -170,7 +155,7 @@ def build(
     env = model_cache.worker_env(cache, env)
     excluded: dict[str, str] = {}
     hosts = _eligible(fleet, excluded)
-    router_host = _router_host(spec, hosts)
+    router_hosts = _router_hosts(spec, hosts)
     groups: dict[str, GroupPlan] = {
         role: _group_plan(spec, env, role, secrets_digest) for role in WORKER_ROLES
     }
@@ -183,7 +168,7 @@ def build(
     for role in WORKER_ROLES:
         groups[role].max = len(groups[role].slots)
     notes = _spec_notes(spec) + wire_slots(spec, env, groups, gpus)
-    plan = _plan(spec, env, fleet, router_host, groups, excluded, secrets_digest)
+    plan = _plan(spec, env, fleet, router_hosts, groups, excluded, secrets_digest)
     plan.volumes = model_cache.cache_volume(cache, plan_volumes(spec, fleet, plan.slots(), gpus))
     if cache is not None:
         plan.model_repo, plan.model_revision = cache.repo, cache.revision
@@ -421,7 +406,7 @@ def _plan(
     spec: Spec,
     env: Env,
     fleet: Fleet,
-    router_host: FleetHost,
+    router_hosts: list[FleetHost],
     groups: dict[str, GroupPlan],
     excluded: dict[str, str],
     secrets_digest: str,
@@ -444,8 +429,12 @@ def _plan(
         probe=ProbePlan(url=probe.url, interval=int(probe.interval), timeout=int(probe.timeout)),
         model=spec.model_name,
         router=RouterPlan(
-            host=router_host.name,
-            address=router_host.address,
+            replicas=[RouterReplica(host=h.name, address=h.address) for h in router_hosts],
+            failover=failover_address(
+                settings.router.address,
+                settings.router.virtual_router_id,
+                [(h.name, h.address) for h in fleet.hosts],
+            ),
             port=spec.port,
             metrics_port=settings.router.metrics_port,
             args=router_args(spec),

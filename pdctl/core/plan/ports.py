@@ -23,6 +23,7 @@ from pdctl.core.spec import (
 ROUTER = "router"
 
 ROUTER_METRICS = "router's metrics"
+ROUTER_MESH = "router's mesh"
 
 SCALER_METRICS = "scaler's metrics"
 
@@ -77,19 +78,23 @@ KV_PORT_FIELD = "kv_port in --kv-transfer-config"
 def listeners(plan: Plan) -> list[Listener]:
     """Every port the plan listens on. A worker takes `port_stride` ports from its own on."""
     router = plan.router
-    found = [
-        Listener(router.host, router.port, router.port, ROUTER, "port"),
-        Listener(
-            router.host,
-            router.metrics_port,
-            router.metrics_port,
-            ROUTER_METRICS,
-            "pdctl.router.metrics_port",
-        ),
-        Listener(
-            router.host, plan.scaler_metrics_port, plan.scaler_metrics_port, SCALER_METRICS, None
-        ),
-    ]
+    found = []
+    for host in router.hosts:  # every router host runs the router, its metrics and a scaler
+        found += [
+            Listener(host, router.port, router.port, ROUTER, "port"),
+            Listener(
+                host,
+                router.metrics_port,
+                router.metrics_port,
+                ROUTER_METRICS,
+                "pdctl.router.metrics_port",
+            ),
+            Listener(
+                host, plan.scaler_metrics_port, plan.scaler_metrics_port, SCALER_METRICS, None
+            ),
+        ]
+        if router.meshed:
+            found.append(Listener(host, router.mesh_port, router.mesh_port, ROUTER_MESH, None))
     for slot in plan.slots():
         last = slot.port + plan.port_stride - 1
         found.append(Listener(slot.host, slot.port, last, slot.name, "pdctl.ports.base, stride"))
@@ -175,13 +180,14 @@ def _fixed_listeners(spec: Spec, plan: Plan, placed: list[Slot]) -> list[Listene
     when the spec gives them, and each vLLM slot's kv_port (its ranks' too)."""
     router = plan.router
     found = []
-    if "port" in spec.model_fields_set:
-        found.append(Listener(router.host, router.port, router.port, ROUTER, "port"))
-    if "metrics_port" in spec.pdctl.router.model_fields_set:
-        metrics = router.metrics_port
-        found.append(
-            Listener(router.host, metrics, metrics, ROUTER_METRICS, "pdctl.router.metrics_port")
-        )
+    for host in router.hosts:
+        if "port" in spec.model_fields_set:
+            found.append(Listener(host, router.port, router.port, ROUTER, "port"))
+        if "metrics_port" in spec.pdctl.router.model_fields_set:
+            metrics = router.metrics_port
+            found.append(
+                Listener(host, metrics, metrics, ROUTER_METRICS, "pdctl.router.metrics_port")
+            )
     for slot in placed:
         if slot.kv_port is not None:
             last = slot.kv_port + len(slot.gpus) - 1
@@ -204,20 +210,7 @@ def wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held])
         if span is not None:
             raise _meets(plan.service, listener, span)
         ledger.take(listener.host, listener.first, listener.last, _named(listener))
-    notes: list[str] = []
-    router = plan.router
-    if "port" not in spec.model_fields_set:
-        router.port = _free(ledger, router.host, router.port, ROUTER, "port")
-        if router.port != spec.port:
-            notes.append(
-                f"router: port {spec.port} is taken on {router.host}: the router listens on "
-                f"{router.port} (set `port` in the spec to choose)"
-            )
-        ledger.take(router.host, router.port, router.port, f"the {ROUTER}")
-    if "metrics_port" not in spec.pdctl.router.model_fields_set:
-        field = "pdctl.router.metrics_port"
-        router.metrics_port = _free(ledger, router.host, router.metrics_port, ROUTER_METRICS, field)
-        ledger.take(router.host, router.metrics_port, router.metrics_port, f"the {ROUTER_METRICS}")
+    notes = _router_ports(spec, plan, ledger)
     positions: dict[str, int] = {}
     for slot in placed:
         nth = ledger.free_position(
@@ -231,7 +224,38 @@ def wire_ports(spec: Spec, plan: Plan, placed: list[Slot], held: Sequence[Held])
         slot.port, slot.bootstrap_port, slot.side_channel_port = _slot_ports(spec, slot.group, nth)
         for first, last in _position_spans(spec, slot.group, len(slot.gpus), nth):
             ledger.take(slot.host, first, last, slot.name)
-    plan.scaler_metrics_port = _free(ledger, router.host, SCALER_METRICS_PORT, SCALER_METRICS, None)
+    plan.scaler_metrics_port = _free_on_all(
+        ledger, plan.router.hosts, SCALER_METRICS_PORT, SCALER_METRICS, None
+    )
+    return notes
+
+
+def _router_ports(spec: Spec, plan: Plan, ledger: Ledger) -> list[str]:
+    """The ports pdctl picks for the routers: one of each (the routers', their metrics', their
+    mesh's) free on every router host, since clients and the failover address use one."""
+    notes = []
+    router = plan.router
+    if "port" not in spec.model_fields_set:
+        router.port = _free_on_all(ledger, router.hosts, router.port, ROUTER, "port")
+        if router.port != spec.port:
+            notes.append(
+                f"router: port {spec.port} is taken on {_one_of(router.hosts)}: the router "
+                f"listens on {router.port} (set `port` in the spec to choose)"
+            )
+    if "metrics_port" not in spec.pdctl.router.model_fields_set:
+        field = "pdctl.router.metrics_port"
+        router.metrics_port = _free_on_all(
+            ledger, router.hosts, router.metrics_port, ROUTER_METRICS, field
+        )
+    for host in router.hosts:
+        if "port" not in spec.model_fields_set:
+            ledger.take(host, router.port, router.port, f"the {ROUTER}")
+        if "metrics_port" not in spec.pdctl.router.model_fields_set:
+            ledger.take(host, router.metrics_port, router.metrics_port, f"the {ROUTER_METRICS}")
+    if router.meshed:
+        router.mesh_port = _free_on_all(ledger, router.hosts, router.mesh_port, ROUTER_MESH, None)
+        for host in router.hosts:
+            ledger.take(host, router.mesh_port, router.mesh_port, f"the {ROUTER_MESH}")
     return notes
 
 
@@ -261,10 +285,27 @@ def _free(ledger: Ledger, host: str, port: int, what: str, field: str | None) ->
     return found
 
 
+def _one_of(hosts: Sequence[str]) -> str:
+    return hosts[0] if len(hosts) == 1 else f"one of the router hosts ({', '.join(hosts)})"
+
+
+def _free_on_all(
+    ledger: Ledger, hosts: Sequence[str], port: int, what: str, field: str | None
+) -> int:
+    """The first port from ``port`` on that is free on every one of ``hosts``."""
+    while True:
+        found = port
+        for host in hosts:
+            found = _free(ledger, host, found, what, field)
+        if all(_free(ledger, host, found, what, field) == found for host in hosts):
+            return found
+        port = found
+
+
 def _named(listener: Listener) -> str:
     """A listener of this plan as a message names it: "the router (port)", "prefill/2's KV
     connector (kv_port in --kv-transfer-config)"."""
-    service_wide = listener.what in {ROUTER, ROUTER_METRICS, SCALER_METRICS}
+    service_wide = listener.what in {ROUTER, ROUTER_METRICS, ROUTER_MESH, SCALER_METRICS}
     return f"the {listener.describe()}" if service_wide else listener.describe()
 
 

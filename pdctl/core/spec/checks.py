@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pdctl.core import validate
+from pdctl.core import router_replicas, validate
 from pdctl.core.entrypoint import find_launch, worker_script
 from pdctl.core.launch import GRPC_MODE, Connection, Engine
 from pdctl.core.router_flags import RouterFlagError, kept_flags, launch_line
@@ -126,12 +126,15 @@ def check_groups(spec: Spec, path: Path, located: Located) -> None:
             )
     for index in roles["router"]:
         group = spec.replicas[index]
-        if group.count != (1, 1):
+        low, high = group.count
+        if low != high or not 1 <= low <= router_replicas.MAX_ROUTERS:
             raise SpecError(
                 path,
                 located.line_of(("replicas", index, "count")),
                 f"replicas[{index}].count",
-                "the router group runs exactly one replica (count: 1)",
+                "the router group runs a fixed number of routers, 1 to "
+                f"{router_replicas.MAX_ROUTERS}, each on its own host",
+                hint="count: 2 runs two routers (with pdctl.router.address in front of them)",
             )
     for index in roles["router"]:
         # SMG runs from pdctl's pinned venv, not from an image or dstack's base image.

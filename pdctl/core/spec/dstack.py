@@ -271,6 +271,13 @@ class Spec(Strict):
     ignored: list[str] = Field(default_factory=list, exclude=True)
 
     @property
+    def routers(self) -> int:
+        """How many routers the service runs: its router group's count (one of dstack's
+        older top-level router)."""
+        group = next((g for g in self.replicas if g.role == "router"), None)
+        return group.count[0] if group is not None else 1
+
+    @property
     def model_name(self) -> str | None:
         if isinstance(self.model, dict):
             return str(self.model.get("name")) if self.model.get("name") else None

@@ -13,7 +13,7 @@ from pydantic import (
     StrictInt,
 )
 
-from pdctl.core import failover, layout, validate
+from pdctl.core import failover, layout, router_replicas, validate
 from pdctl.core.router_flags import group_policy
 from pdctl.core.spec.values import IMAGE_ID_HELP, Delay, Duration, HostPath, ImageId, Port, Strict
 from pdctl.onhost import hf_layout
@@ -53,6 +53,18 @@ class PdctlRouter(Strict):
         Policy, AfterValidator(lambda v: group_policy("--decode-policy", v))
     ] = "round_robin"
     health_check_interval: Annotated[Duration, Field(ge=1)] = 10.0
+    address: Annotated[str, AfterValidator(router_replicas.check_address)] | None = Field(
+        None,
+        description="A failover address: an unused IPv4 address of the router hosts' subnet "
+        "that keepalived holds on one healthy router (the service's endpoint).",
+    )
+    virtual_router_id: int | None = Field(
+        None,
+        ge=1,
+        le=255,
+        description="VRRP's virtual router id of the address, unique on its network segment "
+        "(default: the address's last octet).",
+    )
 
 
 class PdctlPorts(Strict):

@@ -10,14 +10,16 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdctl.core.fleet_model import Fleet
 from pdctl.core.plan import build
+from pdctl.core.spec import parse
 from pdctl.doors import inventory
 from pdctl.doors import service as services
 from pdctl.doors.workspace import Workspace
 from tests.support import pdctl
-from tests.unit.core.plan.test_placement import host, lab_spec
+from tests.unit.core.plan.test_placement import ENV, REPO, host, lab_spec
 
 
 def deployed(home: Path, port: int) -> None:
@@ -45,11 +47,43 @@ def test_unknown_service_is_not_found(workspace: Path) -> None:
 def test_the_url_needs_no_host(workspace: Path, listener: socket.socket) -> None:
     deployed(workspace, listener.getsockname()[1])
     doc = json.loads(pdctl(workspace, "--json", "endpoint", "pdlab").stdout)
-    assert doc == {"service": "pdlab", "endpoint": "http://127.0.0.1:8000"}
+    assert doc == {
+        "service": "pdlab",
+        "endpoint": "http://127.0.0.1:8000",
+        "endpoints": ["http://127.0.0.1:8000"],
+    }
     human = pdctl(workspace, "endpoint", "pdlab").stdout
     assert "http://127.0.0.1:8000" in human and "pdctl endpoint pdlab --show-key" in human
     with pytest.raises(BlockingIOError):
         listener.accept()  # no host was contacted
+
+
+def two_routers(home: Path, address: str | None) -> None:
+    """A workspace after a deploy of the lab example with two routers (cpu1, cpu2)."""
+    hosts = [host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2")]
+    for number, each in enumerate(hosts, start=1):
+        each.address = f"10.0.0.{10 + number}"
+    fleet = Fleet(name="f", hosts=hosts)
+    inventory.save(Workspace(home), fleet)
+    doc = yaml.safe_load((REPO / "examples/lab/pd.yml").read_text())
+    doc["replicas"][0]["count"] = 2
+    if address:
+        doc["pdctl"]["router"]["address"] = address
+    spec, env = parse(yaml.safe_dump(doc), Path("pd.yml"), ENV)
+    services.save_plan(Workspace(home), build(spec, env, fleet, secrets_digest=""))
+
+
+def test_two_routers_give_the_address_or_every_url(workspace: Path) -> None:
+    routers = ["http://10.0.0.11:8000", "http://10.0.0.12:8000"]
+    two_routers(workspace, "10.0.0.200")
+    doc = json.loads(pdctl(workspace, "--json", "endpoint", "pdlab").stdout)
+    assert doc["endpoint"] == "http://10.0.0.200:8000" and doc["endpoints"] == routers
+    assert "every router" not in pdctl(workspace, "endpoint", "pdlab").stdout
+    two_routers(workspace, None)  # no address: clients that fail over themselves take both
+    doc = json.loads(pdctl(workspace, "--json", "endpoint", "pdlab").stdout)
+    assert doc["endpoint"] == routers[0] and doc["endpoints"] == routers
+    human = pdctl(workspace, "endpoint", "pdlab").stdout
+    assert f"every router: {routers[0]} {routers[1]}" in human
 
 
 def test_an_unreachable_router_host_is_a_host_error(workspace: Path) -> None:

@@ -236,7 +236,7 @@ def test_slot_environment_and_extravars() -> None:
     assert "PDCTL_BOOTSTRAP_PORT" not in slot_env
     assert plan.groups["prefill"].slots[1].env()["PDCTL_BOOTSTRAP_PORT"] == "8999"
     extra = plan.extravars()
-    assert extra["pd_router_host"] == "cpu1" and extra["pd_worker_hosts"] == ["gpu1", "gpu2"]
+    assert extra["pd_router_hosts"] == ["cpu1"] and extra["pd_worker_hosts"] == ["gpu1", "gpu2"]
     assert extra["pd_secret_names"] == ["HF_TOKEN"]
     assert "hf_value" not in json.dumps(extra)  # secret values never enter the plan
     assert "slots" not in extra["pd_groups"]["prefill"]

@@ -210,12 +210,39 @@ def test_missing_decode_group() -> None:
 
 
 def test_two_routers_and_router_count() -> None:
-    assert (
-        "exactly one replica"
-        in error(BASE.replace("  - count: 1\n    router", "  - count: 2\n    router")).message
-    )
+    two = BASE.replace("  - count: 1\n    router", "  - count: 2\n    router")
+    assert parse(two, Path("pd.yml"), ENV)[0].routers == 2
+    assert parse(BASE, Path("pd.yml"), ENV)[0].routers == 1
+    for count in ("9", "0", "1..2"):
+        bad = BASE.replace("  - count: 1\n    router", f"  - count: {count}\n    router")
+        assert "replicas[0]" in error(bad).message, count
+    many = error(BASE.replace("  - count: 1\n    router", "  - count: 9\n    router"))
+    assert "a fixed number of routers, 1 to 8, each on its own host" in many.message
     doubled = BASE + "  - count: 1\n    router: {type: sglang}\n"
     assert "a second router group" in error(doubled).message
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("10.0.0.300", "is not an IPv4 address"),
+        ("127.0.0.5", "not loopback"),
+        ("224.0.0.18", "not loopback, multicast"),
+        ("10.0.0.255", "broadcast"),
+        ("fe80::1", "is not an IPv4 address"),
+    ],
+)
+def test_a_failover_address_is_one_a_host_can_hold(address: str, why: str) -> None:
+    text = BASE + f"pdctl:\n  router:\n    address: {address}\n"
+    err = error(text)
+    assert "pdctl.router.address" in err.message and why in err.message, err.message
+
+
+def test_a_failover_address_and_its_virtual_router_id() -> None:
+    text = BASE + "pdctl:\n  router:\n    address: 10.0.0.200\n    virtual_router_id: 7\n"
+    router = parse(text, Path("pd.yml"), ENV)[0].pdctl.router
+    assert (router.address, router.virtual_router_id) == ("10.0.0.200", 7)
+    assert "virtual_router_id" in error(text.replace(": 7", ": 256")).message
 
 
 def test_group_without_gpus() -> None:
