@@ -40,7 +40,7 @@ def test_dry_run_builds_every_input_and_runs_the_simulation() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
     assert [m["name"] for m in lines] == ["scaler-sim"]
-    assert "baseline playbook (syntax checked)" in proc.stderr
+    assert "baseline playbook (syntax checked under its config)" in proc.stderr
     assert (
         "scale-out-warm: both specs valid; pdctl plans its model cache for the warm one only"
         in (proc.stderr)

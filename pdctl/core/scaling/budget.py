@@ -120,6 +120,14 @@ def check_budgets(plan: Plan, others: list[Plan]) -> None:
         )
     if plan.gpu_budget is None:
         return
+    if plan.router.meshed:
+        raise CheckFailed(
+            f"fleet {plan.fleet} has a GPU budget, kept in one ledger on one router host; "
+            f"{plan.service} has several routers, and the scaler acting after a failover "
+            "would draw from a ledger of its own",
+            hint="cap the service with pdctl.scaling.max_gpus instead, or give it one router "
+            f"(or clear the fleet's budget: pdctl fleet add {plan.fleet} ... --gpu-budget 0)",
+        )
     budgeted = [o for o in others if o.gpu_budget is not None]
     elsewhere = sorted({o.router.host for o in budgeted} - {plan.router.host})
     if elsewhere:

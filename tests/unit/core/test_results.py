@@ -138,6 +138,8 @@ def test_status_result_keys() -> None:
         "api_key_file",
         "scaler",
         "groups",
+        "routers",
+        "failover_address",
         "model",
         "health",
         "unreachable",
@@ -148,6 +150,8 @@ def test_status_result_keys() -> None:
         "recorded_at": 1700000000.5,
         "hosts": {},
         "fenced": [],
+        "mode": "act",
+        "budget": None,
     }
     assert (doc["health"], doc["unreachable"]) == ("serving", {})
     assert list(doc["groups"]) == ["router", "prefill", "decode"]
@@ -212,9 +216,10 @@ def test_destroy_result_keys() -> None:
 
 def test_endpoint_result_has_an_api_key_only_when_asked() -> None:
     without = dumped(EndpointResult(service="svc", endpoint="http://10.0.0.1:8000"))
-    assert without == {"service": "svc", "endpoint": "http://10.0.0.1:8000"}
+    assert without == {"service": "svc", "endpoint": "http://10.0.0.1:8000", "endpoints": []}
     shown = dumped(EndpointResult(service="svc", endpoint="http://10.0.0.1:8000", api_key="k1"))
-    assert list(shown) == ["service", "endpoint", "api_key"] and shown["api_key"] == "k1"
+    assert list(shown) == ["service", "endpoint", "endpoints", "api_key"]
+    assert shown["api_key"] == "k1"
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ def lab_plan(extra: str = "", gpu_budget: int | None = None, router: str | None 
     hosts.settings.gpu_budget = gpu_budget
     plan = build(spec, env, hosts, secrets_digest="")
     if router is not None:
-        plan.router.host = router
+        plan.router.replicas[0].host = router
     return plan
 
 
@@ -101,6 +101,17 @@ def test_budgeted_services_share_the_router_host_that_keeps_the_ledger() -> None
     assert elsewhere.value.hint == "put the router there too: pdctl.router.host: cpu2"
     unbudgeted = other.model_copy(update={"gpu_budget": None})
     check_budgets(lab_plan(gpu_budget=20), [unbudgeted])  # deployed before the budget
+
+
+def test_a_budget_is_refused_to_a_service_with_several_routers() -> None:
+    """The ledger is a file on one router host: the scaler acting on another (after a
+    failover) would draw from a ledger of its own."""
+    plan = lab_plan(gpu_budget=20)
+    second = plan.router.replicas[0].model_copy(update={"host": "cpu2"})
+    plan.router.replicas.append(second)
+    with pytest.raises(CheckFailed, match="several routers") as refused:
+        check_budgets(plan, [])
+    assert "max_gpus" in refused.value.hint
 
 
 def test_fleet_add_sets_and_clears_the_budget() -> None:
