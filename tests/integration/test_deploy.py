@@ -127,7 +127,11 @@ def test_endpoint_gives_the_key_only_when_asked(svc: Service) -> None:
         status == 200 and "through the endpoint's key" in body["choices"][0]["message"]["content"]
     )
     endpoint = svc.status()["endpoint"]
-    assert svc.json("endpoint", SERVICE) == {"service": SERVICE, "endpoint": endpoint}
+    assert svc.json("endpoint", SERVICE) == {
+        "service": SERVICE,
+        "endpoint": endpoint,
+        "endpoints": [endpoint],  # one router: its URL is the endpoint
+    }
     hint = f"pdctl endpoint {SERVICE} --show-key"
     plain = svc.pdctl("endpoint", SERVICE)
     assert endpoint in plain.stdout and hint in plain.stdout and key not in plain.stdout

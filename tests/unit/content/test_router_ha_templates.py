@@ -21,7 +21,7 @@ from pdctl.core.spec import parse
 from tests import role_templates
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 
-CHECK = REPO / "roles" / "pd_router" / "files" / "router_check.py"
+CHECK = REPO / "pdctl" / "onhost" / "router_check.py"
 NET = {"interface": "eth0", "prefix": 24, "network": "10.0.0.0/24", "in_subnet": True}
 
 

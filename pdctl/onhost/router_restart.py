@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Callable
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -32,20 +33,30 @@ def status(url: str) -> int:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-    except Exception:  # noqa: BLE001 - no answer
+    except (OSError, ValueError):  # no answer (URLError is an OSError), or a garbled one
         return 0
 
 
+# A quick query (ip, systemctl is-active) answers in well under this; a stop or restart may
+# take the unit's own stop timeout (systemd's default 90 s) on top of the start budget.
+QUERY_TIMEOUT = 10.0
+STOP_TIMEOUT = 90.0
+
+
+def run(argv: list[str], timeout: float, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
+
+
 def holds(address: str) -> bool:
-    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    out = run(["ip", "-o", "-4", "addr", "show"], QUERY_TIMEOUT).stdout
     return any(f" {address}/" in line for line in out.splitlines())
 
 
 def active(unit: str) -> bool:
-    return subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
+    return run(["systemctl", "is-active", "--quiet", unit], QUERY_TIMEOUT).returncode == 0
 
 
-def wait(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+def wait(predicate: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -61,17 +72,18 @@ def main(argv: list[str]) -> int:
     was_ready = status(f"{url}/readiness") == 200
     handover = keepalived != "-" and active(keepalived) and holds(address)
     if handover:
-        subprocess.run(["systemctl", "stop", keepalived], check=True)
+        run(["systemctl", "stop", keepalived], STOP_TIMEOUT, check=True)
         done["handed_over"] = True
         # Someone else answers on the address before this router goes (when someone can).
-        wait(lambda: not holds(address) and status(f"http://{address}:{url.rsplit(':', 1)[1]}/health") == 200, 10)
-    subprocess.run(["systemctl", "restart", unit], check=True)
+        on_address = f"http://{address}:{url.rsplit(':', 1)[1]}/health"
+        wait(lambda: not holds(address) and status(on_address) == 200, 10)
+    run(["systemctl", "restart", unit], STOP_TIMEOUT + budget, check=True)
     healthy = wait(lambda: status(f"{url}/health") == 200, budget)
     ready = healthy and (
         not (was_ready and mesh == "1") or wait(lambda: status(f"{url}/readiness") == 200, budget)
     )
     if handover:
-        subprocess.run(["systemctl", "start", keepalived], check=False)
+        run(["systemctl", "start", keepalived], STOP_TIMEOUT)
     done.update(healthy=healthy, ready=ready, health=status(f"{url}/health"))
     print(json.dumps(done))
     return 0 if healthy and ready else 1

@@ -9,20 +9,22 @@
         record keepalived's state (MASTER, BACKUP, FAULT, STOP), for the check and `pdctl status`
 
 keepalived runs the check every few seconds on a host that may be busy: it imports nothing
-but socket, os and sys (no urllib), and speaks just enough HTTP/1.0 to read a status line.
+but socket, os, sys and pathlib (no urllib), and speaks just enough HTTP/1.0 to read a status line.
 """
+
+from __future__ import annotations
 
 import os
 import socket
 import sys
+from pathlib import Path
 
 STATES = {"MASTER", "BACKUP", "FAULT", "STOP"}
 
 
 def state(path: str) -> str:
     try:
-        with open(path) as recorded:
-            return recorded.read().strip()
+        return Path(path).read_text().strip()
     except OSError:
         return ""
 
@@ -51,11 +53,11 @@ def notify(path: str, state: str) -> int:
         os.write(fd, (state + "\n").encode())
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    Path(tmp).replace(path)
     return 0
 
 
-def main(argv: list) -> int:
+def main(argv: list[str]) -> int:
     if len(argv) == 5 and argv[0] == "health":
         return health(argv[1], int(argv[2]), float(argv[3]), argv[4])
     if len(argv) >= 5 and argv[0] == "notify":
