@@ -16,6 +16,7 @@ from tests.support import Lab
 # the labs load the machine), then these, longest first, then any lab module not listed.
 LONGEST_FIRST = (
     "test_nvidia",
+    "test_router_ha",
     "test_deploy",
     "test_playbooks",
     "test_molecule",
@@ -25,6 +26,8 @@ LONGEST_FIRST = (
     "test_fleet",
     "test_host_loss",
     "test_scaler",
+    "test_scaler_vllm",
+    "test_gpu_budget",
     "test_lab_any_spec",
     "test_lab_nvidia",
     "test_sharing",
