@@ -12,8 +12,8 @@ from pdctl.core.errors import EnvironmentProblem, InputError, PdctlError
 from pdctl.doors import service as services
 from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
-from pdctl.scaler.loop import Store
 from pdctl.scaler.setup import handle_store, handle_stores
+from pdctl.scaler.store import Store
 
 # A scaler that has not recorded its state for this long is taken to be gone.
 HEARTBEAT_GRACE = 15.0

@@ -30,15 +30,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from pdctl.core import layout
 from pdctl.core.errors import HostError, PdctlError
 from pdctl.core.plan import WORKER_ROLES, Plan, Slot
-from pdctl.core.scaling.budget import hold, need, within_cap
 from pdctl.core.scaling.decide import Decision, History, Observation, Policy, decide
 from pdctl.core.scaling.engine_loads import EngineLoad
 from pdctl.core.scaling.observe import (
@@ -54,134 +51,16 @@ from pdctl.core.scaling.router_latency import Reading, RouterLatency
 from pdctl.core.scaling.watch import Watch
 from pdctl.doors.router import Router, Worker, open_circuits, requests_total
 from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
-from pdctl.onhost.gpu_ledger import Ask
-from pdctl.onhost.gpu_ledger_file import LedgerBusy
+from pdctl.scaler.budget_hold import BudgetHold
 from pdctl.scaler.calls import Answer, Calls, gather
+from pdctl.scaler.groups import WorkerSignals, policies, scale_in_order
 from pdctl.scaler.leader import Leadership
 from pdctl.scaler.ledger_door import LedgerDoor
 from pdctl.scaler.metrics import Metrics
+from pdctl.scaler.store import Store
+from pdctl.scaler.view import Pending, View
 
 Log = Callable[[str], None]
-
-
-class Store:
-    """Where the scaler keeps its state and reads pins: local files, or files over SSH."""
-
-    def __init__(
-        self, read: Callable[[str], str | None], write: Callable[[str, str], None]
-    ) -> None:
-        self.read, self.write = read, write
-
-    @classmethod
-    def directory(cls, path: Path) -> Store:
-        def read(name: str) -> str | None:
-            file = path / name
-            return file.read_text() if file.is_file() else None
-
-        def write(name: str, text: str) -> None:
-            path.mkdir(parents=True, exist_ok=True)
-            tmp = path / f".{name}.tmp"
-            tmp.write_text(text)
-            tmp.replace(path / name)
-
-        return cls(read, write)
-
-    def state(self) -> str | None:
-        """What the scaler last recorded (under its older name, by an older pdctl's scaler)."""
-        text = self.read(layout.SCALER_STATE)
-        return text if text is not None else self.read(layout.SCALER_STATE_LEGACY)
-
-    def pins(self) -> str | None:
-        """`pdctl scale`'s pins, as the operator last wrote them."""
-        return self.read(layout.SCALER_PINS)
-
-
-def policies(plan: Plan, pins: dict[str, int]) -> dict[str, Policy]:
-    found: dict[str, Policy] = {}
-    for role in WORKER_ROLES:
-        group = plan.groups[role]
-        scaling = group.scaling or {}
-        up = scaling.get("scale_up_delay")
-        down = scaling.get("scale_down_delay")
-        found[role] = Policy(
-            group=role,
-            min=group.min,
-            max=group.max,
-            target=float(scaling.get("target") or math.inf),
-            metric=scaling.get("metric") or "rps",
-            scale_up_delay=float(up) if up is not None else 0.0,
-            scale_down_delay=float(down) if down is not None else 60.0,
-            pinned=pins.get(role),
-        )
-    return found
-
-
-@dataclass(frozen=True)
-class WorkerSignals:
-    """One group's signals from its workers' own metrics (None: missing)."""
-
-    latency: float | None = None  # the windowed percentile, seconds
-    queue_per_replica: float | None = None
-    inflight_per_replica: float | None = None
-    serving: int | None = None  # replicas routed to (a started one serves once registered)
-    source: str | None = None  # a gRPC group's latency: which measurement it is
-
-
-def scale_in_order(
-    running: list[Slot],
-    workers: dict[str, Worker],
-    started_at: dict[str, float],
-    out_of_service_since: dict[str, float],
-    *,
-    now: float,
-    start_timeout: float,
-) -> tuple[list[Slot], list[str]]:
-    """Which running replicas leave first, and the names of those still starting.
-
-    A replica that runs but is not routed to yet (someone else started it: a deploy, a
-    restart) is about to serve: taking an in-service replica away meanwhile could leave the
-    group with none (503s), so nothing leaves while one is starting, up to the start timeout
-    (``out_of_service_since`` remembers since when, across ticks). Past that it serves nothing
-    and leaves first; then the newest this scaler started, then the highest index."""
-    out = []
-    for slot in running:
-        worker = workers.get(slot.url)
-        if worker is not None and worker.healthy:
-            out_of_service_since.pop(slot.name, None)
-        else:
-            out.append(slot)
-    starting = [
-        s.name for s in out if now - out_of_service_since.setdefault(s.name, now) < start_timeout
-    ]
-    if starting:
-        return [], starting
-    newest = sorted(running, key=lambda s: (started_at.get(s.name, 0.0), s.index), reverse=True)
-    return out + [s for s in newest if s not in out], []
-
-
-@dataclass
-class View:
-    """One tick's observation: what answered by its deadlines."""
-
-    # every slot: its unit state read this tick, else as last read (its host did not answer)
-    states: dict[str, SlotState]
-    fresh: set[str]  # the hosts read this tick
-    errors: dict[str, str]  # the hosts not read this tick: why
-    workers: dict[str, Worker]  # the router's registrations, by URL
-    health: dict[str, bool]  # running slots: whether the engine answered its health check
-    texts: dict[str, Answer[str]]  # latency groups' routed HTTP slots: their /metrics
-    # latency groups' routed gRPC slots: their engines' GetLoads
-    loads: dict[str, Answer[EngineLoad]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Pending:
-    """An action in flight on a slot."""
-
-    action: str
-    slot: Slot
-    started: float  # time.monotonic()
-    done: Callable[[bool], None]
 
 
 # Actions after which a slot no longer serves: while one runs, the slot counts for nothing.
@@ -227,8 +106,6 @@ class Scaler:
         # Advising: observe and decide, act on nothing (the spec's pdctl.scaling.mode, or
         # `pdctl scaler advise` beside the acting scaler).
         self.advise = plan.scaling_mode == "advise" if advise is None else advise
-        self.ledger = ledger
-        self.budget: dict[str, Any] | None = None  # the ledger's last answer, for the record
         self.probe_timeout = failover.probe_timeout
         # How long a tick waits for the hosts' unit states and the router: a host that takes
         # longer is silent for this tick (its last states stand) and holds up nothing.
@@ -259,6 +136,15 @@ class Scaler:
         self.host_errors: dict[str, str] = {}  # host -> why it did not answer (last time)
         self.pending: dict[str, Pending] = {}  # slot -> the action in flight on it
         self.said: set[str] = set()  # conditions logged once until they clear
+        self.budget = BudgetHold(
+            plan,
+            ledger,
+            self.metrics,
+            advise=self.advise,
+            interval=self.interval,
+            say=self._say,
+            clear=self.said.discard,
+        )
         self.open_circuits: set[str] = set()  # worker URLs whose breaker SMG has open
         self.recovering: float | None = None  # when a replica was last lost or condemned
         self.refreshed: dict[str, float] = {}  # slot -> when its registration was renewed
@@ -966,7 +852,15 @@ class Scaler:
             if found.source is not None:
                 decision = dataclasses.replace(decision, source=found.source)
             decisions[role] = decision
-        decisions = self._hold_to_budget(decisions, befores, view, now)
+        if self.plan.gpu_budget is not None or self.plan.max_gpus is not None:
+            decisions = self.budget.apply(
+                decisions,
+                befores,
+                self.histories,
+                {role: len(self._available(role, view)) for role in decisions},
+                {role: len(self._free(role, view)) for role in decisions},
+                now,
+            )
         for role, decision in decisions.items():
             available = len(self._available(role, view))
             self.watch.settle(role, decision.desired)
@@ -991,87 +885,6 @@ class Scaler:
         if self.rps is not None:
             self.metrics.rps.set(self.rps)
         self._record(now, pins)
-        return decisions
-
-    # -- the GPU budget: growth drawn from the fleet's ledger and the service's max_gpus ------
-    def _hold_to_budget(
-        self,
-        decisions: dict[str, Decision],
-        befores: dict[str, History],
-        view: View,
-        now: float,
-    ) -> dict[str, Decision]:
-        """Each scale-out as far as the budget allows (pdctl/core/scaling/budget.py): the service's
-        own ``max_gpus``, then the fleet's ledger, which this tick also tells what the service
-        uses. An advising scaler asks what a draw would get and writes nothing. A ledger that
-        cannot be reached in time refuses the growth of this tick, nothing else."""
-        plan = self.plan
-        if plan.gpu_budget is None and plan.max_gpus is None:
-            return decisions
-        units = {role: plan.groups[role].gpus_per_replica for role in decisions}
-        available = {role: len(self._available(role, view)) for role in decisions}
-        using = sum(available[role] * units[role] for role in decisions)
-        needs = [
-            item
-            for role, decision in decisions.items()
-            if (
-                item := need(
-                    decision,
-                    available[role],
-                    plan.groups[role].min,
-                    len(self._free(role, view)),
-                    units[role],
-                )
-            )
-            is not None
-        ]
-        asked = {item.group: item.replicas for item in needs}
-        kept, why = within_cap(needs, using, plan.max_gpus)
-        granted = {item.group: item.replicas for item in kept}
-        if plan.gpu_budget is not None:
-            wants = {item.group: (item.gpus, item.unit, item.pressure) for item in kept}
-            ask = Ask(plan.service, plan.gpu_budget, using, self.interval, wants)
-            try:
-                if self.ledger is None:
-                    raise HostError("no GPU ledger configured for this scaler")
-                reach = self.ledger.look if self.advise else self.ledger.draw
-                answer, note = reach(ask, now)
-            except (PdctlError, LedgerBusy, OSError) as exc:
-                message = exc.message if isinstance(exc, PdctlError) else str(exc)
-                self._say("ledger", f"GPU ledger unavailable: {message}; no scale-out until it is")
-                granted = {}
-                why.update({item.group: f"GPU ledger unavailable: {message}" for item in kept})
-                self.budget = {"error": message, "budget": plan.gpu_budget, "using": using}
-            else:
-                self.said.discard("ledger")
-                if note:
-                    self._say(f"ledger note {note}", f"GPU ledger: {note}")
-                for item in kept:
-                    grant = answer.grants.get(item.group)
-                    granted[item.group] = (grant.gpus if grant else 0) // item.unit
-                    if grant is not None and grant.reason:
-                        why[item.group] = grant.reason
-                self.budget = {**answer.to_dict(), "using": using}
-                self.metrics.gpus.labels("budget").set(answer.budget)
-                self.metrics.gpus.labels("fleet_used").set(answer.used)
-        self.metrics.gpus.labels("service").set(using)
-        if plan.max_gpus is not None:
-            self.metrics.gpus.labels("max_gpus").set(plan.max_gpus)
-            self.budget = {**(self.budget or {}), "max_gpus": plan.max_gpus, "using": using}
-        for role, count in asked.items():
-            got = granted.get(role, 0)
-            if got >= count:
-                continue
-            decisions[role], self.histories[role] = hold(
-                decisions[role],
-                befores[role],
-                self.histories[role],
-                available[role],
-                count,
-                got,
-                why.get(role, "the GPU budget has no room"),
-            )
-            self.metrics.refusals.labels(role).inc()
         return decisions
 
     def _say(self, key: str, message: str) -> None:
@@ -1115,7 +928,7 @@ class Scaler:
             "hosts": hosts,
             "condemned": sorted(self.watch.condemned),
             "mode": "advise" if self.advise else "act",
-            "budget": self.budget,
+            "budget": self.budget.record,
             **self.watch.to_dict(),
         }
         try:

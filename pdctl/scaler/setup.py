@@ -31,7 +31,8 @@ from pdctl.doors.slots import Actuator
 from pdctl.doors.workspace import Workspace
 from pdctl.scaler import leader, ledger_door
 from pdctl.scaler.ledger_door import LedgerDoor, read_only
-from pdctl.scaler.loop import Log, Scaler, Store
+from pdctl.scaler.loop import Log, Scaler
+from pdctl.scaler.store import Store
 
 
 def default_config(service: str) -> Path:

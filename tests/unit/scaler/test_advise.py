@@ -20,7 +20,8 @@ import pytest
 from pdctl.core import layout
 from pdctl.core.scaling.decide import Decision
 from pdctl.scaler.advise import advise
-from pdctl.scaler.loop import Scaler, Store
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.unit.scaler.world import Keys, World, make_keys, make_world
 
 

@@ -16,7 +16,8 @@ import pytest
 from pdctl.core import layout
 from pdctl.onhost.gpu_ledger_file import peek
 from pdctl.scaler.ledger_door import local
-from pdctl.scaler.loop import Scaler, Store
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.unit.scaler.world import Keys, World, fast_plan, make_keys, make_world
 
 BUDGET = 20  # both services at 1 prefill + 1 decode of 4 GPUs: 16, room for one more

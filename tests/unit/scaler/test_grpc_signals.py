@@ -26,7 +26,9 @@ from pdctl.core.spec import parse
 from pdctl.doors.router import Worker
 from pdctl.doors.slots import Actuator, SlotState
 from pdctl.scaler.calls import Answer
-from pdctl.scaler.loop import Scaler, Store, policies
+from pdctl.scaler.groups import policies
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.support import LAB_SCALING
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 from tests.unit.core.scaling.test_router_latency import scrape

@@ -16,7 +16,8 @@ import pytest
 from pdctl.core import layout
 from pdctl.scaler import leader
 from pdctl.scaler.leader import Leadership
-from pdctl.scaler.loop import Scaler, Store
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.unit.scaler.world import Keys, World, make_keys, make_world
 
 KEY = "the-routers-api-key"

@@ -20,7 +20,9 @@ from pdctl.core.plan import Plan, Slot, build
 from pdctl.core.spec import parse
 from pdctl.doors.router import Worker
 from pdctl.doors.slots import Actuator, SlotState
-from pdctl.scaler.loop import Scaler, Store, policies, scale_in_order
+from pdctl.scaler.groups import policies, scale_in_order
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.support import LAB_SCALING
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 from tests.unit.core.scaling.test_observe import sglang_text

@@ -36,7 +36,8 @@ from pdctl.core.spec import parse
 from pdctl.doors import ssh
 from pdctl.doors.router import Router, tcp_connector
 from pdctl.doors.slots import Actuator
-from pdctl.scaler.loop import Scaler, Store
+from pdctl.scaler.loop import Scaler
+from pdctl.scaler.store import Store
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 
 # The lab example with fast failover settings (pdctl.scaler of the spec).
