@@ -17,9 +17,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
+
+S = TypeVar("S")  # what a timed sample holds
 
 
 @dataclass
@@ -210,13 +214,8 @@ class LatencyWindow:
             samples = self.series.get(replica)
             if not samples or now - samples[-1][0] > stale_after:
                 return None
-            start = now - self.window
-            points = [s for s in samples if s[0] >= start]
-            anchor = next((s for s in reversed(samples) if s[0] < start), None)
-            if anchor is not None:
-                points.insert(0, anchor)
-            if len(points) >= 2 and points[-1][0] - points[0][0] >= self.min_span:
-                covered = True
+            points = in_window(samples, now - self.window)
+            covered = covered or spans(points, self.min_span)
             for (_, before), (_, after) in itertools.pairwise(points):
                 for le, count in _increase(before, after).items():
                     total[le] = total.get(le, 0.0) + count
@@ -233,3 +232,16 @@ class LatencyWindow:
         if max(buckets.values(), default=0.0) <= 0:
             return 0.0
         return quantile(q, buckets)
+
+
+def in_window(samples: Sequence[tuple[float, S]], start: float) -> list[tuple[float, S]]:
+    """The timed samples from ``start`` on, after the last one before it: a window's increase
+    counts from that anchor."""
+    points = [sample for sample in samples if sample[0] >= start]
+    anchor = next((sample for sample in reversed(samples) if sample[0] < start), None)
+    return [anchor, *points] if anchor is not None else points
+
+
+def spans(points: Sequence[tuple[float, object]], min_span: float) -> bool:
+    """At least two points, ``min_span`` seconds or more apart."""
+    return len(points) >= 2 and points[-1][0] - points[0][0] >= min_span

@@ -39,7 +39,9 @@ from pdctl.core.scaling.observe import (
     LatencyWindow,
     Totals,
     histograms,
+    in_window,
     quantile,
+    spans,
     totals,
 )
 
@@ -121,13 +123,8 @@ class RouterLatency:
             samples = self.sums.get(router)
             if not samples or now - samples[-1][0] > stale_after:
                 return None
-            start = now - self.window
-            points = [s for s in samples if s[0] >= start]
-            anchor = next((s for s in reversed(samples) if s[0] < start), None)
-            if anchor is not None:
-                points.insert(0, anchor)
-            if len(points) >= 2 and points[-1][0] - points[0][0] >= self.min_span:
-                covered = True
+            points = in_window(samples, now - self.window)
+            covered = covered or spans(points, self.min_span)
             for (_, before), (_, after) in itertools.pairwise(points):
                 for name in TOTALS:
                     old, new = before.get(name, 0.0), after.get(name, 0.0)
