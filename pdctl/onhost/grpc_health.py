@@ -22,6 +22,8 @@ import struct
 import time
 from typing import Any
 
+from pdctl.onhost.protowire import VARINT, WireError, fields
+
 GRPC_HEALTH_CHECK = "/vllm.grpc.engine.VllmEngine/HealthCheck"
 GRPC_STANDARD_HEALTH = "/grpc.health.v1.Health/Check"
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -121,39 +123,15 @@ def grpc_call(stream: Any, authority: str, path: str, message: bytes, timeout: f
     return body[5 : 5 + size]
 
 
-def _field_one(message: bytes) -> int | None:
+def _field_one(message: bytes) -> int:
     """Field 1 of a protobuf message when it is a varint (absent: 0, proto3's default)."""
-    at = 0
-    while at < len(message):
-        key, at = _varint(message, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(message, at)
-            if number == 1:
+    try:
+        for number, wire, value in fields(message):
+            if number == 1 and wire == VARINT and isinstance(value, int):
                 return value
-        elif wire == 2:
-            size, at = _varint(message, at)
-            at += size
-        elif wire == 1:
-            at += 8
-        elif wire == 5:
-            at += 4
-        else:
-            return None
+    except WireError as exc:
+        raise GrpcCallError("a malformed answer message") from exc
     return 0
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise GrpcCallError("a malformed answer message")
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at += 1
-        shift += 7
-        if not byte & 0x80:
-            return value, at
 
 
 def grpc_healthy(

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from pdctl.onhost.protowire import FIXED64, LENGTH, VARINT, WireError, fields
 
 Engine = Literal["vllm", "sglang"]
 
@@ -30,13 +31,12 @@ GET_LOADS: dict[Engine, str] = {
 _LOADS = 4  # GetLoadsResponse.loads
 _RUNNING, _WAITING, _THROUGHPUT = 2, 3, 8
 _WAITING_TOKENS: dict[Engine, int] = {"vllm": 12, "sglang": 17}
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 # A GetLoads answer is a few hundred bytes per rank; anything near this is not one.
 MAX_MESSAGE = 1 << 20
 MAX_RANKS = 1024
 
 
-class LoadsError(ValueError):
+class LoadsError(WireError):
     """The answer is not a GetLoadsResponse the scaler can read."""
 
 
@@ -50,47 +50,6 @@ class EngineLoad:
     gen_throughput: float  # tokens generated per second, as the engine measures it
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise LoadsError("a truncated or overlong varint")
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at += 1
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value): a varint or fixed field as its integer bits, a
-    length-delimited one as its bytes. Groups (wire types 3, 4) do not occur in proto3."""
-    at = 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise LoadsError("field number 0")
-        if wire == _VARINT:
-            value, at = _varint(data, at)
-            yield number, wire, value
-        elif wire in (_FIXED64, _FIXED32):
-            size = 8 if wire == _FIXED64 else 4
-            if at + size > len(data):
-                raise LoadsError("a truncated fixed-size field")
-            yield number, wire, int.from_bytes(data[at : at + size], "little")
-            at += size
-        elif wire == _LENGTH:
-            size, at = _varint(data, at)
-            if at + size > len(data):
-                raise LoadsError("a length-delimited field runs past the message")
-            yield number, wire, data[at : at + size]
-            at += size
-        else:
-            raise LoadsError(f"wire type {wire}")
-
-
 def _count(value: int | bytes, what: str) -> int:
     assert isinstance(value, int)
     if value >= 1 << 63:  # an int32 below zero travels as a 64-bit two's complement
@@ -101,14 +60,14 @@ def _count(value: int | bytes, what: str) -> int:
 def _rank(data: bytes, engine: Engine) -> EngineLoad:
     running = waiting = tokens = 0
     throughput = 0.0
-    for number, wire, value in _fields(data):
-        if number == _RUNNING and wire == _VARINT:
+    for number, wire, value in fields(data):
+        if number == _RUNNING and wire == VARINT:
             running = _count(value, "num_running_reqs")
-        elif number == _WAITING and wire == _VARINT:
+        elif number == _WAITING and wire == VARINT:
             waiting = _count(value, "num_waiting_reqs")
-        elif number == _WAITING_TOKENS[engine] and wire == _VARINT:
+        elif number == _WAITING_TOKENS[engine] and wire == VARINT:
             tokens = _count(value, "num_waiting_uncached_tokens")
-        elif number == _THROUGHPUT and wire == _FIXED64:
+        elif number == _THROUGHPUT and wire == FIXED64:
             assert isinstance(value, int)
             (throughput,) = struct.unpack("<d", value.to_bytes(8, "little"))
             if not (math.isfinite(throughput) and throughput >= 0):
@@ -118,12 +77,21 @@ def _rank(data: bytes, engine: Engine) -> EngineLoad:
 
 def decode_loads(message: bytes, engine: Engine) -> EngineLoad:
     """A GetLoadsResponse's ranks, summed. LoadsError when it is not one (or reports none)."""
+    try:
+        return _decode(message, engine)
+    except LoadsError:
+        raise
+    except WireError as exc:
+        raise LoadsError(str(exc)) from exc
+
+
+def _decode(message: bytes, engine: Engine) -> EngineLoad:
     if len(message) > MAX_MESSAGE:
         raise LoadsError(f"{len(message)} bytes: not a GetLoads answer")
     ranks = [
         _rank(value, engine)
-        for number, wire, value in _fields(message)
-        if number == _LOADS and wire == _LENGTH and isinstance(value, bytes)
+        for number, wire, value in fields(message)
+        if number == _LOADS and wire == LENGTH and isinstance(value, bytes)
     ]
     if not ranks:
         raise LoadsError("no rank's load in the answer")
