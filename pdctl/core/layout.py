@@ -253,6 +253,8 @@ class Layout:
             "scaler_key": self.config_file(SCALER_KEY),
             "scaler_known_hosts": self.config_file(SCALER_KNOWN_HOSTS),
             "state_dir": self.state_dir,
+            "run_dir": RUN_DIR,
+            "scaler_lock": self.scaler_lock,
             "router_home": self.router_home,
             "router_launcher": f"{self.router_home}/{ROUTER_LAUNCHER}",
             "router_check": f"{self.router_home}/{ROUTER_CHECK}",

@@ -214,3 +214,11 @@ def _includes(value: Any, role: str) -> bool:
     if isinstance(include, dict) and include.get("name") == role:
         return True
     return any(_includes(v, role) for v in value.values())
+
+
+def test_molecule_gives_the_roles_what_the_playbooks_give_them() -> None:
+    """The variables playbooks/group_vars/all.yml hands the roles (their on-host code) are the
+    ones molecule's inventory hands them: a scenario runs a role as a deploy does."""
+    playbooks = yaml.safe_load((REPO / "playbooks/group_vars/all.yml").read_text())
+    molecule = yaml.safe_load((REPO / ".config/molecule/config.yml").read_text())
+    assert molecule["provisioner"]["inventory"]["group_vars"]["all"] == playbooks
