@@ -213,10 +213,30 @@ def test_a_worker_change_reaches_every_router_within_seconds(deployed: Deploymen
                 gone[router] = time.monotonic()
         return len(gone) == 2
 
-    wait_for(left_both, 180, step=0.1)
+    try:
+        wait_for(left_both, 180, step=0.1)
+    except AssertionError as exc:
+        why = diagnosis(deployed)
+        raise AssertionError(f"the worker did not leave both routers: {why}") from exc
     apart = abs(gone[routers[0]] - gone[routers[1]])
     print(f"router-ha: a removed worker left the two routers {apart:.2f} s apart")
     assert apart < 5.0, apart
+
+
+def diagnosis(deployed: Deployment) -> str:
+    """What the routers list and what each router host's scaler said lately."""
+    found = [json.dumps(deployed.status(), indent=1)]
+    for router in sorted(deployed.routers()):
+        found.append(f"{router} lists {sorted(deployed.workers_on(router))}")
+        found.append(
+            deployed.lab.ssh(
+                deployed.nodes[router],
+                f"journalctl -u pd-{SERVICE}-scaler --since -4min --no-pager -o cat | tail -n 40",
+                user="root",
+                check=False,
+            ).stdout
+        )
+    return "\n".join(found)
 
 
 def test_destroy_removes_keepalived_and_the_address(deployed: Deployment) -> None:
