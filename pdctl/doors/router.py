@@ -102,6 +102,9 @@ class Router:
     ) -> None:
         self.address, self.port, self.metrics_port = address, port, metrics_port
         self.api_key, self.connector = api_key, connector
+        # The service's other routers (SMG's mesh between them). A removal is made on each:
+        # the mesh gives a worker back to a router that dropped it while another still lists it.
+        self.peers: list[Router] = []
 
     def _call(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Response:
         return request(
@@ -149,6 +152,19 @@ class Router:
         response = self._call("DELETE", f"/workers/{worker_id}")
         if response.status not in {200, 202, 204, 404}:
             raise HostError(f"router could not remove worker {worker_id}: {response.status}")
+
+    def remove_from_peers(self, url: str) -> list[str]:
+        """Remove the worker at ``url`` from every peer that lists it; the peers that could not
+        be asked (a router that is down holds no one up: each call has its deadline)."""
+        missed = []
+        for peer in self.peers:
+            try:
+                worker = peer.find(url)
+                if worker is not None:
+                    peer.remove_worker(worker.id)
+            except (HostError, OSError) as exc:
+                missed.append(f"{peer.address}: {exc}")
+        return missed
 
     def find(self, url: str) -> Worker | None:
         return next((w for w in self.workers() if w.url.rstrip("/") == url.rstrip("/")), None)

@@ -279,9 +279,12 @@ class Actuator:
     def deregister(self, slot: Slot, drain_timeout: float = 60.0) -> None:
         """Remove the worker from the router and wait until the router has let go of it."""
         worker = self.router.find(slot.url)
+        if worker is not None:
+            self.router.remove_worker(worker.id)
+        for missed in self.router.remove_from_peers(slot.url):
+            self.log(f"{slot.name}: another router was not asked to let go of it ({missed})")
         if worker is None:
             return
-        self.router.remove_worker(worker.id)
         deadline = time.monotonic() + drain_timeout
         while time.monotonic() < deadline and self.router.find(slot.url) is not None:
             time.sleep(0.5)

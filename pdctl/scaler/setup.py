@@ -73,6 +73,13 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
     local = plan.router.replica(str(config.get("router_host") or "")) or plan.router.replicas[0]
     key = _read_key(Path(config["api_key_file"]))
     router = Router(local.address, plan.router.port, plan.router.metrics_port, key, tcp_connector())
+    # A router that is down costs a removal at most this long per call.
+    peer_connector = tcp_connector(timeout=plan.failover.probe_timeout)
+    router.peers = [
+        Router(r.address, plan.router.port, plan.router.metrics_port, key, peer_connector)
+        for r in plan.router.replicas
+        if r.host != local.host
+    ]
     store = Store.directory(Path(config["state_dir"]))
     # The scaler's key is restricted to pdctl-unitctl on the worker hosts (no sudo prefix:
     # the forced command does that itself); health checks go straight to the workers, and a
