@@ -27,6 +27,33 @@ from pdctl.lab import hub, worker_tree
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
 
 
+def running(doc: dict[str, Any], role: str) -> int:
+    """A status document's count of running replicas of ROLE."""
+    return int(doc["groups"][role]["running"])
+
+
+def watch_status(
+    status: Callable[[], dict[str, Any]],
+    seconds: float,
+    done: Callable[[dict[str, Any]], bool],
+    journal: Callable[[], str] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Poll a service's status until done(doc); every doc seen, for what must hold
+    throughout. A timeout names each group's last decision (and the scaler's journal's tail)."""
+    deadline = time.monotonic() + seconds
+    seen = []
+    while True:
+        doc = status()
+        seen.append(doc)
+        if done(doc):
+            return doc, seen
+        if time.monotonic() > deadline:
+            groups = {r: doc["groups"][r]["last_decision"] for r in ("prefill", "decode")}
+            tail = "\n".join(journal().splitlines()[-40:]) if journal else ""
+            raise AssertionError(f"timed out: {json.dumps(groups, indent=1)}\n{tail}")
+        time.sleep(3)
+
+
 def wait_for(
     condition: Callable[[], object],
     timeout: float = 60.0,

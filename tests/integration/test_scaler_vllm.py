@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 
-from tests.support import Lab, pdctl, require_lab, service_status, start_lab, wait_for
+from tests.support import (
+    Lab,
+    pdctl,
+    require_lab,
+    running,
+    service_status,
+    start_lab,
+    wait_for,
+    watch_status,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "vscale"
@@ -179,24 +188,9 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         pdctl(lab.home, "lab", "down", check=False)  # the hosts go with the service
 
 
-def running(doc: dict[str, Any], role: str) -> int:
-    return int(doc["groups"][role]["running"])
-
-
 def watch(deployed: Deployed, seconds: float, done: Any) -> tuple[dict[str, Any], list[Any]]:
     """Poll status until done(doc); every doc seen, for what must hold throughout."""
-    deadline = time.monotonic() + seconds
-    seen = []
-    while True:
-        doc = deployed.status()
-        seen.append(doc)
-        if done(doc):
-            return doc, seen
-        if time.monotonic() > deadline:
-            groups = {r: doc["groups"][r]["last_decision"] for r in ("prefill", "decode")}
-            tail = "\n".join(deployed.journal().splitlines()[-40:])
-            raise AssertionError(f"timed out: {json.dumps(groups, indent=1)}\n{tail}")
-        time.sleep(3)
+    return watch_status(deployed.status, seconds, done, deployed.journal)
 
 
 def test_prompt_heavy_load_grows_prefill_only(deployed: Deployed) -> None:
