@@ -18,12 +18,11 @@ from pdctl.core.plan import WORKER_ROLES, Plan, Slot
 from pdctl.core.results import (
     DeployResult,
 )
-from pdctl.core.versions import scaler_requirements
 from pdctl.doors import inventory, runner
 from pdctl.doors import service as services
 from pdctl.doors.session import Session
 from pdctl.doors.slots import UNREACHABLE, Actuator, SlotState
-from pdctl.operations import drift, image_prefetch, prefetch
+from pdctl.operations import drift, image_prefetch, planning, prefetch
 from pdctl.operations import fleet as fleets
 from pdctl.operations.planning import diff
 
@@ -31,12 +30,9 @@ Progress = Callable[[str], None]
 
 
 def playbook_vars(plan: Plan) -> dict[str, Any]:
-    """The plan's extra-vars, plus what pdctl itself supplies (the scaler's packages)."""
-    return {
-        **plan.extravars(),
-        "pd_worker_rollout": "none",
-        "pd_scaler_packages": scaler_requirements(),
-    }
+    """A pipeline's extra-vars, with the roll left to pdctl (pd_worker_rollout none: it
+    rolls the replicas itself, surging onto spare slots, after the playbook)."""
+    return {**planning.pipeline_vars(plan), "pd_worker_rollout": "none"}
 
 
 def without_hosts(plan: Plan, hosts: set[str]) -> Plan:

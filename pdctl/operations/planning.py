@@ -19,6 +19,7 @@ from pdctl.core.errors import HostError, InputError
 from pdctl.core.plan import WORKER_ROLES, Plan, Slot, build, held_by
 from pdctl.core.scaling.budget import check_budgets
 from pdctl.core.spec import Env, Spec, load
+from pdctl.core.versions import scaler_requirements
 from pdctl.doors import inventory
 from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
@@ -108,6 +109,13 @@ def make_plan(
     return spec, env, plan
 
 
+def pipeline_vars(plan: Plan) -> dict[str, Any]:
+    """deploy.yml's extra-vars for this plan: the plan's, and the scaler's packages at the
+    versions this control node runs. `pdctl plan -o` writes them for a pipeline; `pdctl
+    deploy` passes them too, so the two leave the hosts the same."""
+    return {**plan.extravars(), "pd_scaler_packages": scaler_requirements()}
+
+
 def write_plan_file(plan: Plan, path: Path) -> None:
     header = (
         "# pdctl plan: the extra-vars of playbooks/deploy.yml. Secrets are not in here: export\n"
@@ -115,7 +123,7 @@ def write_plan_file(plan: Plan, path: Path) -> None:
         "# The document is tagged !unsafe: Ansible passes every value on as written, never as a\n"
         "# template.\n"
     )
-    path.write_text("---\n" + header + unsafe_yaml(plan.extravars()))
+    path.write_text("---\n" + header + unsafe_yaml(pipeline_vars(plan)))
 
 
 def plan_table(plan: Plan) -> list[tuple[str, ...]]:

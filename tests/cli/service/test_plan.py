@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pdctl.core.fleet_model import FabricRecord, Fleet, FleetHost, FleetSettings, Preflight
+from pdctl.core.versions import scaler_requirements
 from pdctl.doors import inventory
 from pdctl.doors.workspace import Workspace
 from tests.hostfacts import amd_facts, nvidia_facts
@@ -266,6 +267,11 @@ def test_the_amd_example_plans_one_tp8_prefill_and_decode(
     assert entry["registration"]["runtime_type"] == "vllm"
     assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    # A pipeline installs the scaler's packages at the versions `pdctl deploy` gives: else
+    # each alternates the other's, and a pipeline run after a deploy reinstalls them.
+    assert extravars["pd_scaler_packages"] == scaler_requirements()
+    assert all("==" in package for package in extravars["pd_scaler_packages"])
+    assert "pd_worker_rollout" not in extravars  # the playbook rolls its own replicas
     assert not contacted(listener)
 
 
