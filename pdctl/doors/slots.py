@@ -278,16 +278,25 @@ class Actuator:
 
     def deregister(self, slot: Slot, drain_timeout: float = 60.0) -> None:
         """Remove the worker from the router and wait until the router has let go of it."""
-        worker = self.router.find(slot.url)
-        if worker is not None:
-            self.router.remove_worker(worker.id)
-        for missed in self.router.remove_from_peers(slot.url):
-            self.log(f"{slot.name}: another router was not asked to let go of it ({missed})")
-        if worker is None:
-            return
+        self.deregister_all([slot], drain_timeout)
+
+    def deregister_all(self, slots: list[Slot], drain_timeout: float = 60.0) -> None:
+        """Remove every one of ``slots`` from the router, then wait until it has let go of
+        them all: they drain side by side, so the wait is one drain, not one per worker."""
+        listed = {w.url.rstrip("/"): w for w in self.router.workers()}
+        leaving = set()
+        for slot in slots:
+            worker = listed.get(slot.url.rstrip("/"))
+            if worker is not None:
+                self.router.remove_worker(worker.id)
+                leaving.add(slot.url.rstrip("/"))
+            for missed in self.router.remove_from_peers(slot.url):
+                self.log(f"{slot.name}: another router was not asked to let go of it ({missed})")
         deadline = time.monotonic() + drain_timeout
-        while time.monotonic() < deadline and self.router.find(slot.url) is not None:
-            time.sleep(0.5)
+        while leaving and time.monotonic() < deadline:
+            leaving &= {w.url.rstrip("/") for w in self.router.workers()}
+            if leaving:
+                time.sleep(0.5)
 
     def scale_out(self, slot: Slot) -> None:
         self.log(f"starting {slot.name} on {slot.host}")

@@ -32,11 +32,13 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
             if services.scaler_unit(handle, "stop"):  # else it would register the workers again
                 progress("stopped the scaler")
             _release_gpus(handle, progress)
-            for slot in plans[0].slots():
-                if handle.router.find(slot.url) is not None:
-                    progress(f"deregistering and draining {slot.name}")
-                    handle.actuator.deregister(slot)
-                    deregistered.append(slot.name)
+            listed = {worker.url.rstrip("/") for worker in handle.router.workers()}
+            registered = [s for s in plans[0].slots() if s.url.rstrip("/") in listed]
+            if registered:
+                names = [slot.name for slot in registered]
+                progress(f"deregistering and draining {', '.join(names)}")
+                handle.actuator.deregister_all(registered)
+                deregistered += names
     except PdctlError as exc:
         progress(f"router not reachable ({exc.message}); destroying anyway")
     hosts: set[str] = set()

@@ -226,6 +226,10 @@ class RouterStandIn:
 
     def __init__(self) -> None:
         self.workers: dict[str, dict[str, Any]] = {}  # id -> worker
+        # SMG keeps a removed worker listed while it drains (drain_settle_secs); 0: gone at once
+        self.drain_secs = 0.0
+        self.deleted_at: dict[str, float] = {}  # url -> when its DELETE came
+        self.left_at: dict[str, float] = {}  # url -> when it left the list
         self.requests = 0.0
         # URLs whose circuit breaker is open; a new registration comes with a closed one
         self.cb_open: set[str] = set()
@@ -275,8 +279,16 @@ class RouterStandIn:
                 self._send(202, {"status": "accepted", "worker_id": worker_id})
 
             def do_DELETE(self) -> None:
+                worker_id = self.path.rsplit("/", 1)[-1]
                 with owner.lock:
-                    owner.workers.pop(self.path.rsplit("/", 1)[-1], None)
+                    worker = owner.workers.get(worker_id)
+                    if worker is not None:
+                        owner.deleted_at[worker["url"]] = time.monotonic()
+                        worker["status"] = "draining"
+                if owner.drain_secs > 0:
+                    threading.Timer(owner.drain_secs, owner.leave, (worker_id,)).start()
+                else:
+                    owner.leave(worker_id)
                 self._send(202, {"status": "accepted"})
 
             def log_message(self, *_args: Any) -> None:
@@ -285,6 +297,12 @@ class RouterStandIn:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def leave(self, worker_id: str) -> None:
+        with self.lock:
+            worker = self.workers.pop(worker_id, None)
+            if worker is not None:
+                self.left_at[worker["url"]] = time.monotonic()
 
     def urls(self) -> set[str]:
         with self.lock:

@@ -1,0 +1,40 @@
+"""The Actuator (pdctl/doors/slots.py) against the scaler's small world: real SSH hosts and
+workers on loopback, a router stand-in that keeps a removed worker listed while it drains, as
+SMG does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.scaler.world import Keys, World, make_keys, make_world
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    keys: Keys = make_keys(tmp_path)
+    yield from make_world(tmp_path, keys)
+
+
+def test_workers_deregistered_together_drain_side_by_side(world: World) -> None:
+    """`pdctl destroy` takes every worker off the router, then waits once: each DELETE goes
+    out before the first worker has left, and the call returns when all have."""
+    world.router.drain_secs = 1.0
+    registered = [s for s in world.plan.slots() if s.url in world.router.urls()]
+    assert len(registered) >= 2
+    world.scaler.actuator.deregister_all(registered)
+    urls = [s.url for s in registered]
+    assert world.router.urls().isdisjoint(urls)  # every one gone when the call returns
+    last_delete = max(world.router.deleted_at[u] for u in urls)
+    first_left = min(world.router.left_at[u] for u in urls)
+    assert last_delete < first_left  # one drain for all, not one after another
+
+
+def test_a_worker_the_router_does_not_list_is_not_waited_for(world: World) -> None:
+    """A slot that is not registered (stopped, or a spare) is no DELETE and no wait."""
+    world.router.drain_secs = 30.0  # a wait for it would outlast the test's patience
+    spare = next(s for s in world.plan.slots() if s.url not in world.router.urls())
+    world.scaler.actuator.deregister_all([spare], drain_timeout=60.0)
+    assert spare.url not in world.router.deleted_at
