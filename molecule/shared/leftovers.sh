@@ -18,7 +18,10 @@ unit_files() {  # unit files, drop-ins and enablement links
 }
 containers() {
   command -v podman >/dev/null 2>&1 || return 0
-  podman ps -a --format '{{.Names}}' | grep '^pd-'
+  # Only names on stdout: podman warns there of what it mends itself ("Found incomplete
+  # layer ..., deleting it", after a load was killed). A podman that fails is a finding.
+  names=$(podman ps -a --format '{{.Names}}' 2>/dev/null) || { echo "(podman ps failed)"; return 0; }
+  printf '%s\n' "$names" | grep '^pd-'
 }
 paths() {
   for path in /etc/pdctl /opt/pdctl /run/pdctl /usr/local/libexec/pdctl-unitctl \
@@ -33,7 +36,7 @@ user() {
 
 if [ "${1:-}" = --remove ]; then
   units | xargs -r systemctl stop
-  containers | xargs -r podman rm -f -t 0 >/dev/null
+  containers | xargs -r podman rm -f -t 0 >/dev/null 2>&1  # what stays is listed below
   unit_files | xargs -r rm -rf
   systemctl daemon-reload
   systemctl reset-failed 'pd-*' 2>/dev/null

@@ -154,6 +154,24 @@ def _devices(nv: Deployment, node: str, container: str) -> tuple[set[str], str, 
     return set(listing.split()), env, mounts
 
 
+def _replica_devices(
+    nv: Deployment, role: str, node: str, index: int
+) -> tuple[set[str], str, str] | None:
+    """_devices of a replica's container; None when the replica left meanwhile. The scaler
+    runs: on a loaded machine it may replace a worker whose probe timed out, so a replica
+    that status called active can be stopping (or its successor starting) when asked."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return _devices(nv, node, f"pd-{SERVICE}-{role}-{index}")
+        except AssertionError:
+            if (role, node, index) not in nv.active():
+                return None
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(2)
+
+
 def test_every_worker_container_has_nvidia_devices_only(nv: Deployment) -> None:
     running = nv.active()
     assert {role for role, _node, _slot in running} == {"prefill", "decode"}
@@ -162,9 +180,14 @@ def test_every_worker_container_has_nvidia_devices_only(nv: Deployment) -> None:
         for g in nv.json("plan", str(nv.spec), "--fleet", "lab")["plan"]["groups"].values()
         for s in g["slots"]
     }
+    checked = set()
     for role, node, index in running:
+        found = _replica_devices(nv, role, node, index)
+        if found is None:
+            continue
+        checked.add(role)
         container = f"pd-{SERVICE}-{role}-{index}"
-        devices, env, mounts = _devices(nv, node, container)
+        devices, env, mounts = found
         (gpu,) = slots[(role, index)]["gpus"]
         gpus = {d for d in devices if re.fullmatch(r"nvidia\d+", d)}
         assert gpus == {f"nvidia{gpu}"}, (container, devices)
@@ -174,6 +197,7 @@ def test_every_worker_container_has_nvidia_devices_only(nv: Deployment) -> None:
             f"PDCTL_RDMA_DEVICES=mlx5_{gpu}\n" in env and f"UCX_NET_DEVICES=mlx5_{gpu}:1\n" in env
         )
         assert "ROCR_VISIBLE_DEVICES" not in env and "libbnxt_re" not in mounts
+    assert checked == {"prefill", "decode"}  # at least one container of each group was read
     unit = nv.root(GPU_NODES[0], f"cat /etc/systemd/system/pd-{SERVICE}-decode@.service")
     assert "$PDCTL_DEVICE_ARGS --device /dev/infiniband" in unit
     assert "/dev/kfd" not in unit and "--group-add video" not in unit
