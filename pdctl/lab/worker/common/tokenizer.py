@@ -53,7 +53,9 @@ def _word_ids(word: str) -> list[int]:
         end, found = len(word), None
         while start < end:
             piece = word[start:end] if start == 0 else PREFIX + word[start:end]
-            if piece in _PIECES:
+            # A word that itself starts with "##" must not open with a continuation piece:
+            # decoded, it would stick to the word before ("##0" came back as "0").
+            if piece in _PIECES and not (start == 0 and piece.startswith(PREFIX)):
                 found = _PIECES[piece]
                 break
             end -= 1
