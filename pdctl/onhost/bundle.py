@@ -24,6 +24,7 @@ import ast
 import functools
 import json
 import shlex
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +34,11 @@ PACKAGE = "pdctl"
 # The one fixed program in a host's argv: it runs the loader that comes first on stdin.
 BOOT = "import sys;exec(sys.stdin.buffer.read(int(sys.stdin.buffer.readline())))"
 LOADER = Path(__file__).with_name("loader.py")
+# CPython 3.11 keeps ast.parse's recursion depth in one state shared by every thread: two
+# threads parsing at once (fleet add bundles for each host side by side) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). One parse at
+# a time, then; a bundle is computed once per process (modules() is cached).
+_PARSE_LOCK = threading.Lock()
 
 
 class BundleError(ValueError):
@@ -53,6 +59,12 @@ def _type_checking(test: ast.expr) -> bool:
     )
 
 
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, one thread at a time (see _PARSE_LOCK)."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
+
 def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     """Every import statement, nested ones too, but those run only by a type checker."""
     skipped: set[int] = set()
@@ -71,7 +83,7 @@ def imported(name: str, source: str, root: Path) -> set[str]:
     path = _path(name, root)
     package = name if path is not None and path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _imports(ast.parse(source)):
+    for node in _imports(parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
             continue

@@ -1,14 +1,19 @@
 """pdctl/onhost/bundle.py: what a bundle holds (an entry and what it imports of pdctl, nothing
 else), reproducibly; the argv and stdin it runs with; the text of a module that stands alone;
-and bundle.py loaded by its path with the standard library only, as the Ansible lookup does."""
+and bundle.py loaded by its path with the standard library only, as the Ansible lookup does; parses
+side by side in threads."""
 
 from __future__ import annotations
 
+import ast
+import gc
 import json
 import os
 import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,3 +171,49 @@ def _frames(data: bytes) -> list[bytes]:
         found.append(rest[: int(head)])
         data = rest[int(head) :]
     return found
+
+
+class _Finalized:
+    """A cycle whose finalizer runs Python code: the garbage collector, collecting it inside
+    ast.parse's C code, lets another thread run there."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        sum(range(10))
+
+
+def _parse_side_by_side(parse: Callable[[str], object]) -> list[SystemError]:
+    source = Path(bundle.__file__).read_text()
+    failures: list[SystemError] = []
+
+    def work() -> None:
+        for _ in range(150):
+            try:
+                _Finalized()
+                parse(source)
+            except SystemError as error:
+                failures.append(error)
+
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(50, 2, 2)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+    return failures
+
+
+def test_bundles_parse_side_by_side_in_threads_without_cpythons_ast_race() -> None:
+    # fleet add bundles for each host in its own thread; CPython 3.11's shared AST state made
+    # one of them fail with "AST constructor recursion depth mismatch" (python/cpython#106905).
+    if sys.version_info < (3, 12):
+        assert _parse_side_by_side(ast.parse), "the stress no longer reproduces the race"
+    assert _parse_side_by_side(bundle.parse) == []
