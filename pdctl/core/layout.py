@@ -52,9 +52,9 @@ SCALER_KNOWN_HOSTS = "scaler_known_hosts"
 ROUTER_LAUNCHER = "router_launch.py"  # in the router's install dir
 SMG_VENV_PREFIX = "smg-"  # <install root>/smg-<version>: one venv per SMG version
 SCALER_INSTALL = "scaler"  # <install root>/scaler: shared by the host's scalers
-# Several routers (router HA): the SMG mesh's mutual TLS, a CA that every router host keeps
-# (any of them signs a new router's certificate), and keepalived, which holds the failover
-# address on a healthy router.
+# Several routers (router HA): with pdctl.router.mesh, the SMG mesh's mutual TLS, a CA that
+# every router host keeps (any of them signs a new router's certificate); and keepalived,
+# which holds the failover address on a healthy router.
 MESH_CA_CERT = "mesh-ca.pem"
 MESH_CA_KEY = "mesh-ca.key"
 MESH_CERT = "mesh.pem"

@@ -1,7 +1,8 @@
 """Several routers for one service, and the failover address in front of them. PURE.
 
-A router group's ``count: N`` places N SMG routers on distinct hosts (CPU hosts first), which
-share their workers through SMG's mesh; ``pdctl: {router: {address: IP}}`` is an address that
+A router group's ``count: N`` places N SMG routers on distinct hosts (CPU hosts first), each
+given every worker by pdctl (or, with ``pdctl.router.mesh``, by the others through SMG's
+mesh); ``pdctl: {router: {address: IP}}`` is an address that
 keepalived holds on one healthy router (roles/pd_router). Here: what the plan says of them (the
 models the plan carries), the checks of the address, the routers' placement, and the URLs
 clients use. Standard library and pydantic only.

@@ -98,15 +98,31 @@ class Router:
     """SMG's worker-management API and its metrics."""
 
     def __init__(
-        self, address: str, port: int, metrics_port: int, api_key: str | None, connector: Connector
+        self,
+        address: str,
+        port: int,
+        metrics_port: int,
+        api_key: str | None,
+        connector: Connector,
+        timeout: float = 10.0,
     ) -> None:
         self.address, self.port, self.metrics_port = address, port, metrics_port
         self.api_key, self.connector = api_key, connector
-        # The service's other routers (SMG's mesh between them). A removal is made on each:
-        # the mesh gives a worker back to a router that dropped it while another still lists it.
+        self.timeout = timeout  # each call's answer, unless the call says otherwise
+        # The service's other routers. Without SMG's mesh, each knows only the workers it is
+        # told of: a registration and a removal are made on each. With the mesh, a removal is
+        # (it gives a worker back to a router that dropped it while another still lists it),
+        # a registration is not (the same URL posted to two meshed routers becomes two
+        # registrations the mesh never merges: docs/facts.md).
         self.peers: list[Router] = []
 
-    def _call(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Response:
+    @property
+    def where(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def _call(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> Response:
         return request(
             self.connector,
             self.address,
@@ -115,7 +131,7 @@ class Router:
             path,
             body=body,
             token=self.api_key,
-            timeout=timeout,
+            timeout=self.timeout if timeout is None else timeout,
         )
 
     def workers(self) -> list[Worker]:
@@ -152,6 +168,18 @@ class Router:
         response = self._call("DELETE", f"/workers/{worker_id}")
         if response.status not in {200, 202, 204, 404}:
             raise HostError(f"router could not remove worker {worker_id}: {response.status}")
+
+    def add_to_peers(self, registration: dict[str, Any]) -> list[str]:
+        """Register the worker on every peer (one that has it already is fine); the peers
+        that could not be asked (a router that is down holds no one up: each call has its
+        deadline)."""
+        missed = []
+        for peer in self.peers:
+            try:
+                peer.add_worker(registration)
+            except (HostError, OSError) as exc:
+                missed.append(f"{peer.address}: {exc}")
+        return missed
 
     def remove_from_peers(self, url: str) -> list[str]:
         """Remove the worker at ``url`` from every peer that lists it; the peers that could not

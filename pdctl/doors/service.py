@@ -235,7 +235,7 @@ def open_handle(
     pool = session.pool(plan.fleet)
     views = None
     chosen = plan.router.replicas[0]
-    if plan.router.meshed or plan.router.failover:
+    if plan.router.several or plan.router.failover:
         views = router_views.read(plan, pool, targets)
         found = router_views.acting(views)
         if found is not None:
@@ -255,6 +255,20 @@ def open_handle(
         key,
         pool.connector(router_target),
     )
+    # The others get every registration and removal too (a router found down is skipped: the
+    # acting scaler brings it up to date when it answers again, pdctl/scaler/mirror.py).
+    down = {view.host for view in views or [] if view.state == "down"}
+    router.peers = [
+        Router(
+            replica.address,
+            plan.router.port,
+            plan.router.metrics_port,
+            key,
+            pool.connector(targets[replica.host]),
+        )
+        for replica in plan.router.replicas
+        if replica.host not in down and replica.host != chosen.host
+    ]
     yield Handle(
         plan=plan,
         fleet=fleet,

@@ -248,7 +248,13 @@ class Actuator:
         )
 
     def register(self, slot: Slot) -> None:
-        self.router.add_worker(slot.registration())
+        """On the router, and on the service's other routers unless SMG's mesh joins them (one
+        that is down now gets it from the acting scaler later: pdctl/scaler/mirror.py)."""
+        registration = slot.registration()
+        self.router.add_worker(registration)
+        if not self.plan.router.meshed:
+            for missed in self.router.add_to_peers(registration):
+                self.log(f"{slot.name}: another router was not told of it ({missed})")
 
     def wait_in_service(self, slot: Slot, timeout: float = 60.0) -> None:
         """Until the router lists the worker as healthy. SMG answers a registration with 202

@@ -3,8 +3,8 @@
     router_check.py health HOST PORT TIMEOUT STATE_FILE
         exit 0 when the local SMG answers 200 within TIMEOUT seconds: GET /health while this
         router holds the address (STATE_FILE says MASTER: it is alive), else GET /readiness (a
-        backup, or a router that comes back, takes the address only once the mesh has given it
-        the workers: it can serve)
+        backup, or a router that comes back, takes the address only once it has the workers
+        again: it can serve)
     router_check.py notify STATE_FILE TYPE NAME STATE [PRIORITY]
         record keepalived's state (MASTER, BACKUP, FAULT, STOP), for the check and `pdctl status`
 

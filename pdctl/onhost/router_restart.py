@@ -1,15 +1,17 @@
 """Restart this host's router without taking the service down (the pd_router role's handler,
 one router host at a time).
 
-    router_restart.py UNIT KEEPALIVED_UNIT FAILOVER_ADDRESS URL TIMEOUT MESH
+    router_restart.py UNIT KEEPALIVED_UNIT FAILOVER_ADDRESS URL TIMEOUT MESH ENV_FILE < WORKERS
 
 When this host holds the failover address, its keepalived stops first: it gives the address up
 at once (a priority-0 advert) and a backup takes it. Then the router restarts and must answer
-URL/health within TIMEOUT seconds, and URL/readiness too when it was ready before and has
-peers (MESH=1: the mesh gives a restarted router its workers back; a lone router gets them
-from the registration that follows). keepalived starts again last, and joins as backup.
-KEEPALIVED_UNIT and FAILOVER_ADDRESS are "-" without a failover address. Prints one JSON
-line; exits 1 when the router did not come back in time.
+URL/health within TIMEOUT seconds. It comes back knowing no worker: without SMG's mesh
+(MESH=0) this registers WORKERS again (stdin: a JSON list of POST /workers bodies, the plan's
+registrations) with the API key in ENV_FILE; with it (MESH=1) the mesh gives them back. Either
+way, a router that was ready before must be ready again (URL/readiness) within TIMEOUT: the
+next router's restart may hand it the address. keepalived starts again last, and joins as
+backup. KEEPALIVED_UNIT and FAILOVER_ADDRESS are "-" without a failover address. Prints one
+JSON line; exits 1 when the router did not come back in time.
 
 Standard library only; runs as root on the router host.
 """
@@ -22,19 +24,48 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Callable
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def status(url: str) -> int:
+def status(url: str, body: object = None, key: str = "") -> int:
+    """The status of a GET of ``url`` (a POST of ``body`` as JSON, when given); 0: no answer."""
+    if not url.startswith("http://"):
+        return 0
+    request = urllib.request.Request(url)  # noqa: S310 - http:// only, checked above
+    if body is not None:
+        request.data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
     try:
-        with OPENER.open(url, timeout=2) as answer:
+        with OPENER.open(request, timeout=2) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
     except (OSError, ValueError):  # no answer (URLError is an OSError), or a garbled one
         return 0
+
+
+def api_key(env_file: str) -> str:
+    """PDCTL_ROUTER_API_KEY from the router's environment file (root-only)."""
+    for line in Path(env_file).read_text(encoding="utf-8").splitlines():
+        name, _, value = line.strip().partition("=")
+        if name == "PDCTL_ROUTER_API_KEY":
+            return value.strip()
+    return ""
+
+
+def register(url: str, workers: list[dict[str, object]], key: str) -> list[str]:
+    """POST each worker (202 registered, 409 already there); the URLs the router refused."""
+    refused = []
+    for worker in workers:
+        body = {**worker, "health": {"drain_settle_secs": 2}}
+        if status(f"{url}/workers", body, key) not in {200, 201, 202, 409}:
+            refused.append(str(worker.get("url")))
+    return refused
 
 
 # A quick query (ip, systemctl is-active) answers in well under this; a stop or restart may
@@ -65,8 +96,8 @@ def wait(predicate: Callable[[], bool], seconds: float) -> bool:
     return predicate()
 
 
-def main(argv: list[str]) -> int:
-    unit, keepalived, address, url, timeout, mesh = argv
+def main(argv: list[str], workers: list[dict[str, object]]) -> int:
+    unit, keepalived, address, url, timeout, mesh, env_file = argv
     budget = float(timeout)
     done: dict[str, object] = {"unit": unit, "handed_over": False}
     was_ready = status(f"{url}/readiness") == 200
@@ -79,9 +110,9 @@ def main(argv: list[str]) -> int:
         wait(lambda: not holds(address) and status(on_address) == 200, 10)
     run(["systemctl", "restart", unit], STOP_TIMEOUT + budget, check=True)
     healthy = wait(lambda: status(f"{url}/health") == 200, budget)
-    ready = healthy and (
-        not (was_ready and mesh == "1") or wait(lambda: status(f"{url}/readiness") == 200, budget)
-    )
+    if healthy and mesh != "1" and workers:
+        done["refused"] = register(url, workers, api_key(env_file))
+    ready = healthy and (not was_ready or wait(lambda: status(f"{url}/readiness") == 200, budget))
     if handover:
         run(["systemctl", "start", keepalived], STOP_TIMEOUT)
     done.update(healthy=healthy, ready=ready, health=status(f"{url}/health"))
@@ -90,4 +121,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], json.loads(sys.stdin.read() or "[]")))

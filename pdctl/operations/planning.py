@@ -133,7 +133,7 @@ def plan_table(plan: Plan) -> list[tuple[str, ...]]:
     mesh = f", mesh {router.mesh_port}" if router.meshed else ""
     rows: list[tuple[str, ...]] = [
         (
-            "router" if not router.meshed else f"router/{number}",
+            "router" if not router.several else f"router/{number}",
             host,
             "-",
             "-",

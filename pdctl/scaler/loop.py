@@ -57,6 +57,7 @@ from pdctl.scaler.groups import WorkerSignals, policies, scale_in_order
 from pdctl.scaler.leader import Leadership
 from pdctl.scaler.ledger_door import LedgerDoor
 from pdctl.scaler.metrics import Metrics
+from pdctl.scaler.mirror import Mirror
 from pdctl.scaler.store import Store
 from pdctl.scaler.view import Pending, View
 
@@ -154,6 +155,9 @@ class Scaler:
         hosts = len({s.host for s in plan.slots()})
         self.reads = Calls("pdctl-scaler-read", max_workers=2 * (hosts + 2 * slots) + 8)
         self.actions = Calls("pdctl-scaler-act", max_workers=2 * slots + 4)
+        # Several routers without SMG's mesh: the acting one's registrations, kept on the others.
+        meshless = bool(router.peers) and not plan.router.meshed
+        self.mirror = Mirror(router.peers, slots, self.log) if meshless else None
         self._restore()
 
     def _restore(self) -> None:
@@ -211,6 +215,8 @@ class Scaler:
         """Stop taking calls (threads stuck on a dead host end with their own timeouts)."""
         self.reads.shutdown()
         self.actions.shutdown()
+        if self.mirror is not None:
+            self.mirror.close()
 
     # -- observe -------------------------------------------------------------
     def _observe(self, now: float) -> View | None:
@@ -226,6 +232,7 @@ class Scaler:
         }
         listed = self.reads.submit("router workers", self.router.workers)
         scraped = self.reads.submit("router metrics", self.router.metrics_text)
+        asked = self.mirror.read() if self.mirror is not None else {}
         deadline = time.monotonic() + self.read_wait
         # A host already silent is not waited for: its read, still running or done since,
         # is taken as it stands (the tick does not pay the wait again every time).
@@ -233,6 +240,7 @@ class Scaler:
         answers = gather(reads, time.monotonic())
         workers_answer = gather({"workers": listed}, deadline)["workers"]
         metrics_answer = gather({"metrics": scraped}, deadline)["metrics"]
+        others = self.mirror.listed(asked, deadline) if self.mirror is not None else {}
         for host, answer in answers.items():
             if answer.answered:
                 self.reads.forget(f"states {host}")
@@ -259,7 +267,7 @@ class Scaler:
             for slot in slots:
                 states[slot.name] = self.known.get(slot.name) or SlotState(slot, UNREACHABLE, None)
         health, texts, loads = self._check_engines(states, workers)
-        return View(states, fresh, errors, workers, health, texts, loads)
+        return View(states, fresh, errors, workers, health, texts, loads, others)
 
     def _check_engines(
         self, states: dict[str, SlotState], workers: dict[str, Worker]
@@ -825,6 +833,8 @@ class Scaler:
             self._judge_replicas(view, now)
             self._kill_condemned(view, now)
             self._reconcile(view)
+            if self.mirror is not None:
+                self.mirror.apply(self.plan.slots(), view, self.pending, self.watch.off_limits)
             self._reset_breakers(view, now)
         pins = self._pins()
         decisions: dict[str, Decision] = {}

@@ -73,10 +73,13 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
     local = plan.router.replica(str(config.get("router_host") or "")) or plan.router.replicas[0]
     key = _read_key(Path(config["api_key_file"]))
     router = Router(local.address, plan.router.port, plan.router.metrics_port, key, tcp_connector())
-    # A router that is down costs a removal at most this long per call.
-    peer_connector = tcp_connector(timeout=plan.failover.probe_timeout)
+    # A router that is down or hung costs a call to it at most this long.
+    peer_wait = plan.failover.probe_timeout
+    peer_connector = tcp_connector(timeout=peer_wait)
     router.peers = [
-        Router(r.address, plan.router.port, plan.router.metrics_port, key, peer_connector)
+        Router(
+            r.address, plan.router.port, plan.router.metrics_port, key, peer_connector, peer_wait
+        )
         for r in plan.router.replicas
         if r.host != local.host
     ]
@@ -94,7 +97,7 @@ def on_host(config_path: Path, log: Log) -> Iterator[tuple[Scaler, dict[str, Any
     )
     server = None
     leadership = None
-    if plan.router.meshed:
+    if plan.router.several:
         leadership = _leadership(plan, local.host, key)
         # The peers pull this scaler's state from here (its host's own address).
         server = leader.serve_state(local.address, plan.scaler_metrics_port, key, store.state)

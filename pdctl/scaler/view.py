@@ -25,6 +25,8 @@ class View:
     texts: dict[str, Answer[str]]  # latency groups' routed HTTP slots: their /metrics
     # latency groups' routed gRPC slots: their engines' GetLoads
     loads: dict[str, Answer[EngineLoad]] = field(default_factory=dict)
+    # the service's other routers that answered (without SMG's mesh): their registrations
+    others: dict[str, dict[str, Worker]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

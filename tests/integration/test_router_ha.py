@@ -7,7 +7,8 @@ address on one of them; `pdctl endpoint` gives the address; under 4 rps through 
 holding it loses power (`pdctl lab fault HOST power-off`: no packet in or out, every process
 gone): every request sent 5 s or more after the loss succeeds, few fail in all; `pdctl scale`
 still works (the scaler on the other router host acts now, from the state it kept); powered
-on again, the host's router rejoins as backup, with the workers the mesh gives it.
+on again, the host's router rejoins as backup, with the workers the acting scaler gives it
+back. The routers run without SMG's mesh (the default): pdctl registers every worker on each.
 
 The loss is timed from when the holder stops answering on its own address (a poller
 connecting to it every 0.1 s), not from the fault command's start: the lab's registry lock
@@ -106,7 +107,7 @@ def test_two_routers_on_the_cpu_hosts_behind_the_address(deployed: Deployment) -
     assert sorted(r["host"] for r in status["routers"]) == cpu
     holder = next(r for r in status["routers"] if r["state"] == "active")
     assert holder["vrrp"] == "MASTER" and status["groups"]["router"]["host"] == holder["host"]
-    # Both routers know every worker (the mesh), under one API key.
+    # Both routers know every worker (each registered on each), under one API key.
     assert deployed.workers_on(cpu[0]) == deployed.workers_on(cpu[1]) != set()
 
 
@@ -153,7 +154,8 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     assert deployed.routers()[holder] == "down"
 
     # The scaler on the new holder acts: it takes a pin (pdctl writes it to the router hosts
-    # that answer) and scales decode out; the worker is registered through its router.
+    # that answer) and scales decode out; the worker is registered on its router (and on the
+    # lost one once it answers again).
     before = deployed.workers_on(other)
     wait_for(lambda: deployed.status()["scaler"]["running"], 60, step=2, what="the scaler acts")
     pinned = deployed.pdctl("scale", SERVICE, "decode", "2")
@@ -167,7 +169,8 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     added = deployed.workers_on(other) - before
     assert len(added) == 1, added
 
-    # Powered on, the host's router comes back as backup and the mesh gives it the workers.
+    # Powered on, the host's router comes back empty: the acting scaler gives it the workers
+    # (it takes the backup's place only once it is ready).
     deployed.lab.fault(deployed.nodes[holder], "power-on")
     wait_for(lambda: deployed.routers().get(holder) == "backup", 180, step=2)
     assert deployed.routers()[other] == "active"
@@ -204,7 +207,7 @@ def test_a_rolling_update_of_the_routers_keeps_the_address_served(
 
 def test_a_worker_change_reaches_every_router_within_seconds(deployed: Deployment) -> None:
     """Scale decode back to 1 through the acting scaler: the worker leaves both routers (the
-    mesh carries the removal), each seen within seconds of the other."""
+    scaler removes it from each), each seen within seconds of the other."""
     routers = sorted(deployed.routers())
     both = {r: deployed.workers_on(r) for r in routers}
     assert both[routers[0]] == both[routers[1]]

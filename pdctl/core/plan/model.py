@@ -210,13 +210,15 @@ class ProbePlan(BaseModel):
 
 
 class RouterPlan(BaseModel):
-    """The service's routers: one, or several on distinct hosts (SMG's mesh between them, on
-    ``mesh_port``), each listening on ``port`` and its metrics on ``metrics_port``; with a
-    failover address in front of them (keepalived, roles/pd_router) or none."""
+    """The service's routers: one, or several on distinct hosts, each listening on ``port`` and
+    its metrics on ``metrics_port``; with a failover address in front of them (keepalived,
+    roles/pd_router) or none. Several routers each get every worker from pdctl, or with
+    ``mesh`` from one another through SMG's mesh (on ``mesh_port``)."""
 
     replicas: list[RouterReplica] = Field(min_length=1)
     port: int
     metrics_port: int
+    mesh: bool = False
     mesh_port: int = MESH_PORT
     failover: FailoverAddress | None = None
     smg_version: str = SMG_VERSION
@@ -253,9 +255,15 @@ class RouterPlan(BaseModel):
         return next((r for r in self.replicas if r.host == host), None)
 
     @property
-    def meshed(self) -> bool:
-        """Several routers share their workers through SMG's mesh."""
+    def several(self) -> bool:
+        """More than one router: a scaler next to each, one of them acting."""
         return len(self.replicas) > 1
+
+    @property
+    def meshed(self) -> bool:
+        """Several routers that share their workers through SMG's mesh; else pdctl registers
+        and removes each worker on every router."""
+        return self.several and self.mesh
 
 
 class Plan(BaseModel):

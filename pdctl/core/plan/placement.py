@@ -437,6 +437,7 @@ def _plan(
             ),
             port=spec.port,
             metrics_port=settings.router.metrics_port,
+            mesh=settings.router.mesh,
             args=router_args(spec),
             health_check_interval=max(1, int(settings.router.health_check_interval)),
             wheelhouse=settings.wheelhouse or fleet.settings.wheelhouse,

@@ -120,7 +120,7 @@ def check_budgets(plan: Plan, others: list[Plan]) -> None:
         )
     if plan.gpu_budget is None:
         return
-    if plan.router.meshed:
+    if plan.router.several:
         raise CheckFailed(
             f"fleet {plan.fleet} has a GPU budget, kept in one ledger on one router host; "
             f"{plan.service} has several routers, and the scaler acting after a failover "

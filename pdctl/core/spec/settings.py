@@ -65,6 +65,12 @@ class PdctlRouter(Strict):
         description="VRRP's virtual router id of the address, unique on its network segment "
         "(default: the address's last octet).",
     )
+    mesh: bool = Field(
+        False,
+        description="Join several routers by SMG's mesh, for what only it shares (the "
+        "cache-aware policy's tree, rate limits). Off, pdctl registers every worker on every "
+        "router; SMG 1.13's mesh costs each router about half a core, idle (docs/facts.md).",
+    )
 
 
 class PdctlPorts(Strict):

@@ -1,5 +1,6 @@
-"""Several routers as pd_router writes them: each router's unit (the mesh over mutual TLS, its
-peers, the mesh key as a systemd credential), keepalived's config (unicast peers, nopreempt,
+"""Several routers as pd_router writes them: each router's unit (on its own by default; with
+pdctl.router.mesh the mesh over mutual TLS, its peers, the mesh key as a systemd credential),
+keepalived's config (unicast peers, nopreempt,
 the address on the router's interface), keepalived's check of the local router."""
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ CHECK = REPO / "pdctl" / "onhost" / "router_check.py"
 NET = {"interface": "eth0", "prefix": 24, "network": "10.0.0.0/24", "in_subnet": True}
 
 
-def plan_vars(routers: int, address: str | None = "10.0.0.200") -> dict[str, Any]:
+def plan_vars(
+    routers: int, address: str | None = "10.0.0.200", mesh: bool = False
+) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "examples/lab/pd.yml").read_text())
     doc["replicas"][0]["count"] = routers
     if address:
         doc["pdctl"]["router"]["address"] = address
+    if mesh:
+        doc["pdctl"]["router"]["mesh"] = True
     spec, env = parse(yaml.safe_dump(doc), Path("pd.yml"), ENV)
     hosts = [host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2")]
     plan: Plan = build(spec, env, fleet(*hosts), secrets_digest="")
@@ -46,8 +51,19 @@ def exec_start(unit: str) -> str:
     return " ".join(words)
 
 
-def test_each_of_two_routers_meshes_with_the_other_over_mutual_tls() -> None:
+def test_two_routers_run_on_their_own_by_default() -> None:
+    # Without the mesh: pdctl registers every worker on each (SMG 1.13's mesh costs each
+    # router half a core, idle: docs/facts.md).
     extra = plan_vars(2)
+    assert extra["pd_router"]["mesh"] is False
+    for me in ("cpu1", "cpu2"):
+        unit = role_templates.router_unit(extra, host=me)
+        assert "--host 0.0.0.0 --port 8000" in exec_start(unit)
+        assert "mesh" not in unit and "LoadCredential" not in unit
+
+
+def test_each_of_two_routers_meshes_with_the_other_over_mutual_tls() -> None:
+    extra = plan_vars(2, mesh=True)
     where = extra["pd_layout"]
     for me, peer in (("cpu1", "10.0.0.6"), ("cpu2", "10.0.0.5")):
         unit = role_templates.router_unit(extra, host=me)

@@ -4,7 +4,9 @@ SMG does."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,23 @@ def test_a_worker_the_router_does_not_list_is_not_waited_for(world: World) -> No
     spare = next(s for s in world.plan.slots() if s.url not in world.router.urls())
     world.scaler.actuator.deregister_all([spare], drain_timeout=60.0)
     assert spare.url not in world.router.deleted_at
+
+
+def test_a_registration_and_a_removal_reach_every_router(tmp_path: Path) -> None:
+    """Several routers without SMG's mesh: each knows only what it is told, so register and
+    deregister go to every one; a router that does not answer holds neither up."""
+    with contextmanager(make_world)(tmp_path, make_keys(tmp_path), peers=2) as world:
+        actuator, (other, hung) = world.scaler.actuator, world.peers
+        said: list[str] = []
+        actuator.log = said.append
+        hung.freeze()
+        spare = next(s for s in world.plan.slots() if s.url not in world.router.urls())
+        started = time.monotonic()
+        actuator.register(spare)
+        assert spare.url in world.router.urls() and spare.url in other.urls()
+        actuator.deregister(spare)
+        assert spare.url not in world.router.urls() | other.urls()
+        # Each call to the hung router waits its connector's timeout (the probe timeout), no more.
+        assert time.monotonic() - started < 10 * world.plan.failover.probe_timeout + 5
+        assert any("another router was not told of it" in line for line in said), said
+        assert any("another router was not asked to let go of it" in line for line in said), said

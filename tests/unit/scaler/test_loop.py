@@ -26,7 +26,7 @@ from pdctl.scaler.store import Store
 from tests.support import LAB_SCALING
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 from tests.unit.core.scaling.test_observe import sglang_text
-from tests.unit.scaler.world import Keys, World, make_keys, make_world
+from tests.unit.scaler.world import Keys, Ticks, World, make_keys, make_world, settled
 
 # ------------------------------------------------------------------ which replicas a scale-in takes
 
@@ -222,46 +222,6 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 @pytest.fixture
 def world(tmp_path: Path, keys: Keys) -> Iterator[World]:
     yield from make_world(tmp_path, keys)
-
-
-class Ticks:
-    """Every tick's duration and decisions, checked as they come."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        scaler = world.scaler
-        # A tick waits for the hosts (read_wait), then for the engines (probe timeout):
-        # never for a host or an action that does not answer.
-        self.bound = scaler.read_wait + scaler.probe_timeout + 1.0
-        self.longest = 0.0
-        self.count = 0
-
-    def one(self) -> None:
-        started = time.monotonic()
-        decisions = self.world.scaler.tick()
-        took = time.monotonic() - started
-        self.longest = max(self.longest, took)
-        self.count += 1
-        assert took < self.bound, f"a tick took {took:.1f} s:\n" + "\n".join(self.world.logged)
-        assert set(decisions) == {"prefill", "decode"}, self.world.logged[-5:]
-
-    def until(self, what: str, done: object, seconds: float, each: object = None) -> None:
-        deadline = time.monotonic() + seconds
-        while not done():  # type: ignore[operator]
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}:\n" + "\n".join(self.world.logged)
-                )
-            self.one()
-            if each is not None:
-                each()  # type: ignore[operator]
-            time.sleep(self.world.scaler.interval)
-
-
-def settled(world: World) -> bool:
-    return world.registered("prefill") == {"prefill/1"} and world.registered("decode") == {
-        "decode/1"
-    }
 
 
 def test_a_host_that_stops_answering_is_replaced_elsewhere_and_fenced_on_return(

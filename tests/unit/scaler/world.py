@@ -6,7 +6,8 @@
   no banner, its workers are SIGSTOPped) and thawed; a slot's `stop` can be made to never
   return.
 - The router is an HTTP server speaking SMG's worker API (GET/POST /workers, DELETE
-  /workers/ID) and serving its request counter at /metrics.
+  /workers/ID) and serving its request counter at /metrics; other routers of the service
+  (``peers``) are more of them, and one can be frozen (it takes connections and answers none).
 - The scaler reaches them through pdctl's own SSH pool, Actuator and Router client.
 """
 
@@ -221,10 +222,15 @@ class WorkerHost(paramiko.ServerInterface):
             transport.close()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up on a frozen router: its connection is gone, nothing to say."""
+
+
 class RouterStandIn:
     """SMG's worker API and metrics, as pdctl's Router client uses them (docs/facts.md)."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_key: str = "key") -> None:
         self.workers: dict[str, dict[str, Any]] = {}  # id -> worker
         # SMG keeps a removed worker listed while it drains (drain_settle_secs); 0: gone at once
         self.drain_secs = 0.0
@@ -234,6 +240,8 @@ class RouterStandIn:
         # URLs whose circuit breaker is open; a new registration comes with a closed one
         self.cb_open: set[str] = set()
         self.lock = threading.Lock()
+        self.thawed = threading.Event()  # cleared: every request waits (a hung router)
+        self.thawed.set()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -244,7 +252,15 @@ class RouterStandIn:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _refused(self) -> bool:
+                """SMG's worker API wants the key (401 invalid_api_key without it)."""
+                if self.headers.get("Authorization") == f"Bearer {api_key}":
+                    return False
+                self._send(401, {"error": {"code": "invalid_api_key"}})
+                return True
+
             def do_GET(self) -> None:
+                owner.thawed.wait()
                 if self.path == "/metrics":
                     with owner.lock:
                         lines = [
@@ -257,12 +273,17 @@ class RouterStandIn:
                         ]
                     self._send(200, None, "".join(f"{line}\n" for line in lines))
                     return
+                if self._refused():
+                    return
                 with owner.lock:
                     listed = list(owner.workers.values())
                 self._send(200, {"workers": listed, "total": len(listed)})
 
             def do_POST(self) -> None:
+                owner.thawed.wait()
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._refused():
+                    return
                 with owner.lock:
                     if any(w["url"] == body["url"] for w in owner.workers.values()):
                         self._send(409, {"code": "WORKER_ALREADY_EXISTS"})
@@ -279,6 +300,9 @@ class RouterStandIn:
                 self._send(202, {"status": "accepted", "worker_id": worker_id})
 
             def do_DELETE(self) -> None:
+                owner.thawed.wait()
+                if self._refused():
+                    return
                 worker_id = self.path.rsplit("/", 1)[-1]
                 with owner.lock:
                     worker = owner.workers.get(worker_id)
@@ -294,9 +318,16 @@ class RouterStandIn:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def freeze(self) -> None:
+        """It takes connections and answers nothing, until thawed."""
+        self.thawed.clear()
+
+    def thaw(self) -> None:
+        self.thawed.set()
 
     def leave(self, worker_id: str) -> None:
         with self.lock:
@@ -309,6 +340,7 @@ class RouterStandIn:
             return {w["url"] for w in self.workers.values()}
 
     def close(self) -> None:
+        self.thawed.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -321,6 +353,7 @@ class World:
     scaler: Scaler
     files: dict[str, str]
     logged: list[str] = field(default_factory=list)
+    peers: list[RouterStandIn] = field(default_factory=list)  # the service's other routers
 
     def unit(self, name: str) -> Unit:
         slot = next(s for s in self.plan.slots() if s.name == name)
@@ -368,8 +401,9 @@ def worker_connector(world_hosts: dict[str, WorkerHost], timeout: float) -> Any:
     return connect
 
 
-def make_world(tmp: Path, keys: Keys, plan: Plan | None = None) -> Iterator[World]:
-    """The world of ``plan`` (the fast lab plan by default), deployed."""
+def make_world(tmp: Path, keys: Keys, plan: Plan | None = None, peers: int = 0) -> Iterator[World]:
+    """The world of ``plan`` (the fast lab plan by default), deployed; with ``peers`` more
+    routers, the scaler's router being the acting one (no mesh between them)."""
     plan = plan or fast_plan()
     by_host: dict[str, list[Slot]] = {}
     for slot in plan.slots():
@@ -391,6 +425,11 @@ def make_world(tmp: Path, keys: Keys, plan: Plan | None = None) -> Iterator[Worl
     }
     router_standin = RouterStandIn()
     router = Router("127.0.0.1", router_standin.port, router_standin.port, "key", tcp_connector())
+    peer_standins = [RouterStandIn() for _ in range(peers)]
+    wait = plan.failover.probe_timeout
+    router.peers = [
+        Router("127.0.0.1", p.port, p.port, "key", tcp_connector(wait), wait) for p in peer_standins
+    ]
     connect = worker_connector(hosts, plan.failover.probe_timeout)
     actuator = Actuator(plan, pool, targets, router, sudo=False, connector=lambda _t: connect)
     files: dict[str, str] = {}
@@ -398,12 +437,14 @@ def make_world(tmp: Path, keys: Keys, plan: Plan | None = None) -> Iterator[Worl
     scaler = Scaler(
         plan, actuator, router, Store(files.get, files.__setitem__), log=world_log.append
     )
-    world = World(plan, hosts, router_standin, scaler, files, world_log)
-    # As a deploy leaves it: the slots planned to start run, enabled, and are registered.
+    world = World(plan, hosts, router_standin, scaler, files, world_log, peer_standins)
+    # As a deploy leaves it: the slots planned to start run, enabled, and are registered (on
+    # every router).
     for slot in plan.slots():
         if slot.start:
             world.hosts[slot.host].start(world.unit(slot.name), enable=True)
-            router.add_worker(slot.registration())
+            for each in [router, *router.peers]:
+                each.add_worker(slot.registration())
     try:
         yield world
     finally:
@@ -412,4 +453,45 @@ def make_world(tmp: Path, keys: Keys, plan: Plan | None = None) -> Iterator[Worl
         for worker_host in hosts.values():
             worker_host.close()
         pool.close()
-        router_standin.close()
+        for standin in [router_standin, *peer_standins]:
+            standin.close()
+
+
+class Ticks:
+    """Every tick's duration and decisions, checked as they come."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        scaler = world.scaler
+        # A tick waits for the hosts (read_wait), then for the engines (probe timeout):
+        # never for a host or an action that does not answer.
+        self.bound = scaler.read_wait + scaler.probe_timeout + 1.0
+        self.longest = 0.0
+        self.count = 0
+
+    def one(self) -> None:
+        started = time.monotonic()
+        decisions = self.world.scaler.tick()
+        took = time.monotonic() - started
+        self.longest = max(self.longest, took)
+        self.count += 1
+        assert took < self.bound, f"a tick took {took:.1f} s:\n" + "\n".join(self.world.logged)
+        assert set(decisions) == {"prefill", "decode"}, self.world.logged[-5:]
+
+    def until(self, what: str, done: object, seconds: float, each: object = None) -> None:
+        deadline = time.monotonic() + seconds
+        while not done():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}:\n" + "\n".join(self.world.logged)
+                )
+            self.one()
+            if each is not None:
+                each()  # type: ignore[operator]
+            time.sleep(self.world.scaler.interval)
+
+
+def settled(world: World) -> bool:
+    return world.registered("prefill") == {"prefill/1"} and world.registered("decode") == {
+        "decode/1"
+    }

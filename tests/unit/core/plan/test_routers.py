@@ -41,8 +41,20 @@ def test_two_routers_go_to_two_cpu_hosts() -> None:
     assert plan.router.failover is not None
     assert plan.router.failover.address == "10.0.0.200"
     assert plan.router.failover.virtual_router_id == 200
-    assert plan.router.meshed and plan.router.mesh_port == MESH_PORT
+    # pdctl registers every worker on each router: no mesh unless the spec asks for it.
+    assert plan.router.several and not plan.router.meshed
     assert set(plan.hosts()) == {"cpu1", "cpu2", "gpu1", "gpu2"}
+
+
+def test_the_mesh_joins_several_routers_when_the_spec_asks() -> None:
+    hosts = (host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2"))
+    plan = plan_of(spec_text(mesh=True), *hosts)
+    assert plan.router.meshed and plan.router.mesh_port == MESH_PORT
+    assert plan.extravars()["pd_router"]["mesh"] is True
+    meshes = {item.host for item in listeners(plan) if item.what == "router's mesh"}
+    assert meshes == {"cpu1", "cpu2"}
+    one = plan_of(spec_text(routers=1, mesh=True), host("cpu1", "cpu"), host("gpu1"), host("gpu2"))
+    assert not one.router.meshed  # a lone router has no one to mesh with
 
 
 def test_cpu_hosts_first_then_gpu_hosts_never_two_on_one_host() -> None:
@@ -96,13 +108,25 @@ def test_every_router_host_gets_the_same_free_ports() -> None:
     # Another service holds the router metrics' default port on cpu2 only: both move.
     held = (Held("other", "cpu2", "router's metrics", ports=(29000, 29000)),)
     plan = plan_of(
-        spec_text(), host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2"), held=held
+        spec_text(mesh=True),
+        host("cpu1", "cpu"),
+        host("cpu2", "cpu"),
+        host("gpu1"),
+        host("gpu2"),
+        held=held,
     )
     assert plan.router.metrics_port == 29001
     by_host = {(item.host, item.what) for item in listeners(plan)}
     for router_host in ("cpu1", "cpu2"):
         for what in ("router", "router's metrics", "router's mesh", "scaler's metrics"):
             assert (router_host, what) in by_host, (router_host, what)
+
+
+def test_routers_without_the_mesh_claim_no_mesh_port() -> None:
+    plan = plan_of(
+        spec_text(), host("cpu1", "cpu"), host("cpu2", "cpu"), host("gpu1"), host("gpu2")
+    )
+    assert all(item.what != "router's mesh" for item in listeners(plan))
 
 
 def test_one_router_has_no_mesh_and_no_address() -> None:
