@@ -9,7 +9,7 @@ for QUIET seconds, and how many requests failed in the round.
 
 - pdctl: the router group at `count: 2` behind a failover address (`pdctl: {router:
   {address: ...}}`, the first address the lab leaves free): keepalived on the other router
-  host takes the address over; its router already has every worker (SMG's mesh). Between
+  host takes the address over; its router already has every worker (pdctl gave it each). Between
   rounds the host is powered on again and its router rejoins as backup; the next round
   powers off whichever host holds the address then.
 - baseline: today's single router (`count: 1`, no address), which never recovers by itself:

@@ -35,7 +35,7 @@ R = B / A (higher is better):
   ledger versus scalers that do not know of each other, and a first-come counter).
 - router-failover: from the power-off of the router host the clients reach until requests
   succeed again, p50 of 3, on a 4-host lab (two CPU hosts): two routers behind a failover
-  address (keepalived moves it, the mesh gave the other router every worker) versus today's
+  address (keepalived moves it, the other router was given every worker too) versus today's
   single router, which recovers only by a person's `fleet remove --force` + `deploy`
   (bench/router_failover.py); the failed requests of each round in the same line.
 - fabric: `fleet check --fabric` on a lab of --hosts GPU hosts (a full mesh, round-robin
