@@ -32,6 +32,7 @@ from pdctl.scaler.store import Store
 from tests.support import LAB_SCALING
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 from tests.unit.core.scaling.test_router_latency import scrape
+from tests.unit.scaler.world import unused_router
 
 TTFT = "  - count: 1..2\n    scaling:\n      metric: ttft\n      target: 400ms\n"
 ITL = "  - count: 1..2\n    scaling:\n      metric: itl\n      target: 60ms\n"
@@ -88,7 +89,8 @@ def setup() -> Iterator[tuple[Scaler, Engines, list[str]]]:
     actuator.targets = {s.host: None for s in plan.slots()}  # type: ignore[misc]
     files: dict[str, str] = {}
     logged: list[str] = []
-    scaler = Scaler(plan, actuator, None, Store(files.get, files.__setitem__), log=logged.append)  # type: ignore[arg-type]
+    store = Store(files.get, files.__setitem__)
+    scaler = Scaler(plan, actuator, unused_router(), store, log=logged.append)
     yield scaler, engines, logged
     engines.close()
 

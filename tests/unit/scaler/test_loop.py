@@ -26,7 +26,15 @@ from pdctl.scaler.store import Store
 from tests.support import LAB_SCALING
 from tests.unit.core.plan.test_placement import ENV, REPO, fleet, host
 from tests.unit.core.scaling.test_observe import sglang_text
-from tests.unit.scaler.world import Keys, Ticks, World, make_keys, make_world, settled
+from tests.unit.scaler.world import (
+    Keys,
+    Ticks,
+    World,
+    make_keys,
+    make_world,
+    settled,
+    unused_router,
+)
 
 # ------------------------------------------------------------------ which replicas a scale-in takes
 
@@ -150,7 +158,7 @@ def setup() -> Iterator[tuple[Scaler, Workers, list[str]]]:
     files: dict[str, str] = {}
     logged: list[str] = []
     store = Store(files.get, files.__setitem__)
-    scaler = Scaler(plan, actuator, None, store, log=logged.append)  # type: ignore[arg-type]
+    scaler = Scaler(plan, actuator, unused_router(), store, log=logged.append)
     yield scaler, workers, logged
     for key in list(workers.servers):
         server = workers.servers.pop(key)

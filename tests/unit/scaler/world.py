@@ -385,6 +385,11 @@ def make_keys(directory: Path) -> Keys:
     return Keys(paramiko.RSAKey.generate(2048), path)
 
 
+def unused_router() -> Router:
+    """A router client for the tests that never reach the router (a call would be refused)."""
+    return Router("127.0.0.1", 9, 9, None, tcp_connector(0.5))
+
+
 def worker_connector(world_hosts: dict[str, WorkerHost], timeout: float) -> Any:
     """A slot's (address, port), reached at its worker process on loopback."""
     by_address: dict[tuple[str, int], Unit] = {}
