@@ -30,6 +30,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# An editable install leaves pdctl uncompiled, and with PYTHONDONTWRITEBYTECODE set every
+	# `pdctl` command would compile all of it again (0.13 s of its 0.4 s start).
+	$(BIN)/python -m compileall -q pdctl
 	touch $@
 
 demo: install

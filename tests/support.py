@@ -51,7 +51,9 @@ def watch_status(
             groups = {r: doc["groups"][r]["last_decision"] for r in ("prefill", "decode")}
             tail = "\n".join(journal().splitlines()[-40:]) if journal else ""
             raise AssertionError(f"timed out: {json.dumps(groups, indent=1)}\n{tail}")
-        time.sleep(3)
+        # A status reads every host (about a CPU second here and there): what it waits for (a
+        # scaler's window, a replica's start) takes tens of seconds.
+        time.sleep(5)
 
 
 def wait_for(

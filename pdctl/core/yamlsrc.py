@@ -16,12 +16,35 @@ what it writes passes the same yamllint rules as the hand-written content.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
+
+
+class _PythonParser(Reader, Scanner, Parser):
+    """PyYAML's own reader, scanner and parser, in Python."""
+
+    def __init__(self, stream: str) -> None:
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+
+
+_FAST_PARSER: type
+try:  # libyaml's parser: a tenth of the Python scanner's time (most of a command's reading)
+    from yaml._yaml import CParser as _FAST_PARSER
+except ImportError:  # a PyYAML built without libyaml
+    _FAST_PARSER = _PythonParser
+
 
 Path_ = tuple[str | int, ...]
 _Entries = dict[Any, tuple[yaml.Node, yaml.Node]]  # key: (key node, value node)
@@ -83,16 +106,26 @@ def _too_big(what: str, limit: int) -> YamlError:
     return YamlError(f"{what}, over the limit of {limit} bytes; refusing", None)
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, refusing collections nested deeper than MAX_DEPTH.
+class _Bounded(Composer, SafeConstructor, Resolver):
+    """PyYAML's SafeLoader, refusing collections nested deeper than MAX_DEPTH, over a parser
+    that gives its events (_loader: libyaml's where PyYAML has it, with the same events and
+    marks).
 
     The scanner and parser keep their state on lists, but the composer recurses once per
     level and a few thousand brackets overflow the stack; checking on the way down refuses
-    a deep document before the recursion gets there, in the same single pass.
+    a deep document before the recursion gets there, in the same single pass. The composer
+    is PyYAML's own, in Python, so that this check sees every level.
     """
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
+    # The parser's, in the class _loader makes:
+    check_event: Callable[..., bool]
+    peek_event: Callable[[], Any]
+    dispose: Callable[[], None]
+
+    def __init__(self) -> None:
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
         self._depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
@@ -101,11 +134,23 @@ class _BoundedLoader(yaml.SafeLoader):
             if self._depth > MAX_DEPTH and self.check_event(
                 yaml.SequenceStartEvent, yaml.MappingStartEvent
             ):
-                line = int(self.current_event.start_mark.line) + 1  # set by check_event
+                line = int(self.peek_event().start_mark.line) + 1
                 raise YamlError(f"nested deeper than {MAX_DEPTH} levels", line)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+def _loader(parser: Any) -> Callable[[str], _Bounded]:
+    class Loader(_Bounded, parser):  # type: ignore[misc]  # a base chosen at import
+        def __init__(self, text: str) -> None:
+            parser.__init__(self, text)
+            _Bounded.__init__(self)
+
+    return Loader
+
+
+_new_loader = _loader(_FAST_PARSER)
 
 
 class _Converter:
@@ -116,7 +161,7 @@ class _Converter:
     budget, which a billion-laughs document exhausts long before it gets expensive.
     """
 
-    def __init__(self, loader: _BoundedLoader, *, lenient: bool) -> None:
+    def __init__(self, loader: _Bounded, *, lenient: bool) -> None:
         self.loader = loader
         self.lenient = lenient
         self.located = Located(data=None)
@@ -157,7 +202,7 @@ class _Converter:
 
     def scalar(self, node: yaml.ScalarNode, path: Path_) -> Any:
         self.located.scalars[path] = node.value
-        if node.style is None:
+        if not node.style:  # plain: None from PyYAML's parser, "" from libyaml's
             self.located.plain.add(path)
         return self.construct(node)
 
@@ -239,14 +284,15 @@ class _Converter:
                 merged.setdefault(key, entry)
 
 
-def _compose(loader: _BoundedLoader) -> yaml.Node | None:
+def _compose(loader: _Bounded) -> yaml.Node | None:
     try:
         return loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise YamlError(
-            f"not valid YAML: {exc.problem or exc}", mark.line + 1 if mark else None
-        ) from exc
+        line = mark.line + 1 if mark else None
+        if "maximum nesting depth" in str(exc.problem):  # libyaml's limit, met while reading ahead
+            raise YamlError(f"nested deeper than {MAX_DEPTH} levels", line) from exc
+        raise YamlError(f"not valid YAML: {exc.problem or exc}", line) from exc
     except yaml.YAMLError as exc:
         raise YamlError(f"not valid YAML: {exc}", None) from exc
 
@@ -260,10 +306,18 @@ def _check_size(text: str, limit: int) -> None:
         raise _too_big(f"the text is {size} bytes", limit)
 
 
-def _load(text: str, *, limit: int, lenient: bool) -> Located:
+def _load(
+    text: str, *, limit: int, lenient: bool, new_loader: Callable[[str], _Bounded] = _new_loader
+) -> Located:
     _check_size(text, limit)
     try:
-        loader = _BoundedLoader(text)  # its reader refuses unprintable characters at once
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no character YAML allows
+        raise YamlError(
+            f"not valid YAML: unacceptable character #x{ord(text[exc.start]):x}", None
+        ) from exc
+    try:
+        loader = new_loader(text)  # its reader refuses unprintable characters
     except yaml.YAMLError as exc:
         raise YamlError(f"not valid YAML: {exc}".replace("\n", " "), None) from exc
     try:

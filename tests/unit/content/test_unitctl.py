@@ -1,10 +1,10 @@
-"""pdctl-unitctl's `why` (roles/pd_worker/templates/pdctl-unitctl.sh.j2): the journal lines it
-returns to the scaler leave the worker host with the service's secret values masked (issue 22,
-finding 7).
+"""pdctl-unitctl (roles/pd_worker/templates/pdctl-unitctl.sh.j2): `why`'s journal lines leave the
+worker host with the service's secret values masked (issue 22, finding 7); `states` reads every
+slot with one systemctl and one container runtime call.
 
-The script is rendered as the pd_worker role renders it and run by /bin/sh; systemctl and
-journalctl are stand-ins that print what a worker that echoes its secrets would leave in the
-journal (the lab tests run the real ones)."""
+The script is rendered as the pd_worker role renders it and run by /bin/sh; systemctl,
+journalctl and podman are stand-ins that print what the real ones would (the lab tests run the
+real ones)."""
 
 from __future__ import annotations
 
@@ -75,3 +75,66 @@ def test_why_masks_every_secret_value_of_the_service_on_the_worker_host(tmp_path
 
 def test_why_of_a_service_without_secrets_passes_the_journal_as_it_is(tmp_path: Path) -> None:
     assert _why(tmp_path, None) == JOURNAL
+
+
+def _states(tmp_path: Path, slots: dict[str, str], containers: dict[str, str]) -> tuple[str, str]:
+    """`states` on a host whose slot files are ``slots`` (name: ActiveState) and whose runtime
+    holds ``containers`` (name: config label); its output and the stand-ins' call log."""
+    config_root = tmp_path / "etc" / "pdctl"
+    (config_root / "svc").mkdir(parents=True)
+    for name in slots:
+        (config_root / "svc" / f"{name}.env").write_text("")
+    (config_root / "svc" / "decode.env").write_text("")  # the group's file, no slot
+    calls = tmp_path / "calls.log"
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    cases = "".join(
+        f"        pd-svc-{name.rsplit('-', 1)[0]}@{name.rsplit('-', 1)[1]}.service) "
+        f"printf '%s\\n\\n' {state} ;;\n"
+        for name, state in slots.items()
+        if name.rsplit("-", 1)[1].isdigit()  # systemd could name no other unit
+    )
+    (tools / "systemctl").write_text(
+        f'#!/bin/sh\necho "systemctl $*" >> {calls}\nshift 3\n'
+        f'for unit; do\n    case "$unit" in\n{cases}'
+        "        *) printf 'inactive\\n\\n' ;;\n    esac\ndone\n"
+    )
+    listing = "".join(f"{name} {label}\n" for name, label in containers.items())
+    (tools / "podman").write_text(
+        f'#!/bin/sh\necho "podman $*" >> {calls}\nprintf %s "{listing}"\n'
+    )
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "pdctl-unitctl"
+    script.write_text(_render(config_root))
+    done = subprocess.run(
+        ["/bin/sh", str(script), "svc", "states"],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{tools}:/usr/bin:/bin"},
+        check=True,
+        timeout=30,
+    )
+    return done.stdout, calls.read_text() if calls.exists() else ""
+
+
+def test_states_reads_every_slot_with_one_systemctl_and_one_runtime_call(tmp_path: Path) -> None:
+    slots = {"prefill-1": "active", "prefill-2": "inactive", "decode-1": "activating"}
+    containers = {"pd-svc-prefill-1": "90c54fb38083", "pd-svc-decode-1": "7f4808c3d7b9"}
+    out, calls = _states(tmp_path, slots, containers)
+    assert sorted(out.splitlines()) == [
+        "decode 1 activating 7f4808c3d7b9",
+        "prefill 1 active 90c54fb38083",
+        "prefill 2 inactive -",
+    ]
+    assert [line.split()[0] for line in calls.splitlines()] == ["podman", "systemctl"]
+    assert "label=pdctl.service=svc" in calls
+
+
+def test_states_of_a_host_without_slots_calls_nothing(tmp_path: Path) -> None:
+    assert _states(tmp_path, {}, {}) == ("", "")
+
+
+def test_states_skips_a_slot_file_whose_index_is_not_a_number(tmp_path: Path) -> None:
+    out, _ = _states(tmp_path, {"decode-1": "active", "decode-x y": "active"}, {})
+    assert out.splitlines() == ["decode 1 active -"]

@@ -257,7 +257,9 @@ def test_pdctl_unitctl_is_rendered_from_the_layout() -> None:
     for group in WORKER_ROLES:
         slot_env = Path(Layout("x").slot_env(group, "*")).name
         assert f'{root}/"$service"/{slot_env}' in script
-    assert '{{ index .Config.Labels "pdctl.config" }}' in script  # the runtime's own template
+    # The runtimes' own templates: podman's `ps` has a map of labels, docker's a function.
+    assert '{{index .Labels "pdctl.config"}}' in script
+    assert '{{.Label "pdctl.config"}}' in script
 
 
 def test_the_defaults_have_one_value_each() -> None:

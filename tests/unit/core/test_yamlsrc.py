@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pdctl.core import yamlsrc
 from pdctl.core.errors import InputError
@@ -29,6 +30,7 @@ from pdctl.operations import drift
 # CPU seconds: a refusal must come long before any expansion gets expensive (an unbounded
 # expansion takes minutes). CPU time, not wall time: other tests share the machine's cores.
 FAST = 1.0
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def refused(load: Callable[[], Any], match: str) -> YamlError:
@@ -431,3 +433,38 @@ def test_drift_digest_reads_tagged_host_vars_and_refuses_bombs(tmp_path: Path) -
     host_vars.write_text(lol_mappings())
     with pytest.raises(InputError, match=r"gpu1\.yml:\d+: too many values"):
         drift.inputs_digest(bytes(32), {}, tmp_path)
+
+
+# What users bring (dstack's published files, the examples) and the shapes this module cares
+# about: lines, scalars as written, plain or quoted, merges, tags, Ansible's tags.
+SAME_DOCUMENTS = [
+    *sorted(str(p) for p in (ROOT / "tests" / "data").rglob("*.yml")),
+    *sorted(str(p) for p in (ROOT / "examples").rglob("*.yml")),
+]
+
+
+@pytest.mark.parametrize("path", SAME_DOCUMENTS, ids=lambda p: Path(p).name)
+def test_libyamls_parser_reads_what_pyyamls_own_reads(path: str) -> None:
+    """The libyaml parser (the fast path) gives the same document, lines, scalars and plain
+    scalars as PyYAML's Python parser: only the speed differs."""
+    text = Path(path).read_text(encoding="utf-8")
+    python = yamlsrc._loader(yamlsrc._PythonParser)
+    for lenient in (True, False):
+        try:
+            slow = yamlsrc._load(text, limit=MAX_BYTES, lenient=lenient, new_loader=python)
+        except YamlError as exc:
+            with pytest.raises(YamlError) as fast_error:
+                yamlsrc._load(text, limit=MAX_BYTES, lenient=lenient)
+            assert (fast_error.value.line, str(fast_error.value)) == (exc.line, str(exc))
+            continue
+        fast = yamlsrc._load(text, limit=MAX_BYTES, lenient=lenient)
+        assert (fast.data, fast.lines, fast.scalars, fast.plain) == (
+            slow.data,
+            slow.lines,
+            slow.scalars,
+            slow.plain,
+        )
+
+
+def test_the_fast_parser_is_libyamls_where_pyyaml_has_it() -> None:
+    assert yaml.__with_libyaml__ == (yamlsrc._FAST_PARSER is not yamlsrc._PythonParser)
