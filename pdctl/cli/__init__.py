@@ -7,6 +7,7 @@ into a line on stderr (or a JSON error document) and an exit code.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -15,15 +16,47 @@ from pathlib import Path
 import click
 
 from pdctl import __version__
-from pdctl.cli import fleet, lab, scaler, service
 from pdctl.cli.app import App
 from pdctl.cli.output import Output
 from pdctl.core.errors import Interrupted, PdctlError
 from pdctl.doors.session import Session
 from pdctl.doors.workspace import Workspace
 
+# Each command's module, imported when the command runs (or --help lists it): a command pays
+# for its own imports only (`pdctl status` need not load the lab, the fabric checks, the fleet
+# commands), and the tests and scripts run pdctl many times.
+COMMANDS = {
+    "lab": "pdctl.cli.lab:lab",
+    "fleet": "pdctl.cli.fleet:fleet",
+    "plan": "pdctl.cli.service:plan",
+    "deploy": "pdctl.cli.service:deploy",
+    "prefetch": "pdctl.cli.service:prefetch",
+    "status": "pdctl.cli.service:status",
+    "endpoint": "pdctl.cli.service:endpoint",
+    "logs": "pdctl.cli.service:logs",
+    "destroy": "pdctl.cli.service:destroy",
+    "scale": "pdctl.cli.scaler:scale",
+    "scaler": "pdctl.cli.scaler:scaler",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported by name (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, _, attribute = COMMANDS[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{COMMANDS[cmd_name]} is not a click command")
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--json",
     "json_mode",
@@ -65,22 +98,6 @@ def cli(ctx: click.Context, json_mode: bool, verbose: int, quiet: bool, home: Pa
         workspace=workspace,
         session=session,
     )
-
-
-cli.add_command(lab.lab)
-cli.add_command(fleet.fleet)
-for command in (
-    service.plan,
-    service.deploy,
-    service.prefetch,
-    service.status,
-    service.endpoint,
-    service.logs,
-    service.destroy,
-    scaler.scale,
-    scaler.scaler,
-):
-    cli.add_command(command)
 
 
 def _json_requested(argv: list[str]) -> bool:

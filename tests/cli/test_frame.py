@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import click
+
+from pdctl import cli
 from tests.support import pdctl
 
 
@@ -75,3 +80,39 @@ def test_fleet_wheelhouse_is_checked_like_any_path(workspace: Path) -> None:
         )
         assert proc.returncode == 3 and "--wheelhouse" in proc.stderr, proc.stderr
     assert not (workspace / "inventories" / "f").exists()
+
+
+def test_every_command_is_listed_and_loads(workspace: Path) -> None:
+    """The commands are imported by name when they run (pdctl.cli.COMMANDS): each name
+    resolves to its command, and --help lists them all."""
+    group = cli.cli
+    assert isinstance(group, click.Group)
+    with click.Context(group) as ctx:
+        assert group.list_commands(ctx) == sorted(cli.COMMANDS)
+        for name in cli.COMMANDS:
+            command = group.get_command(ctx, name)
+            assert command is not None and command.name in {name, name.replace("-", "_")}
+    helptext = pdctl(workspace, "--help").stdout
+    assert all(f"\n  {name} " in helptext for name in cli.COMMANDS), helptext
+
+
+def test_a_command_imports_only_what_it_runs(workspace: Path) -> None:
+    """`pdctl status` neither loads the lab nor the fleet's commands: every command pays for
+    its own imports only (the tests and users' scripts run pdctl many times)."""
+    probe = (
+        "import sys, runpy; sys.argv = ['pdctl', 'status', 'nothing-here']\n"
+        "try:\n    runpy.run_module('pdctl', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pdctl.lab', 'pdctl.cli.'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={"PDCTL_HOME": str(workspace), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+        check=True,
+    )
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert "pdctl.lab" not in loaded and "pdctl.cli.fleet" not in loaded, loaded
+    assert "pdctl.cli.service" in loaded, loaded
