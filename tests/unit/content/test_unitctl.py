@@ -34,31 +34,46 @@ def _render(config_root: Path) -> str:
     return role_templates.unitctl(Layout("svc", roots).extravar(layout.GROUPS))
 
 
-def _why(tmp_path: Path, secrets: dict[str, str] | None) -> list[str]:
-    config_root = tmp_path / "etc" / "pdctl"
-    (config_root / "svc").mkdir(parents=True)
-    if secrets is not None:
-        lines = "".join(f"{name}={value}\n" for name, value in secrets.items())
-        (config_root / "svc" / layout.SECRETS_ENV).write_text(lines)
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "systemctl").write_text("#!/bin/sh\nprintf 'ActiveState=failed\\nNRestarts=3\\n'\n")
-    journal = tmp_path / "journal.txt"
-    journal.write_text("".join(f"{line}\n" for line in JOURNAL))
-    (tools / "journalctl").write_text(f"#!/bin/sh\ncat {journal}\n")
-    for tool in tools.iterdir():
-        tool.chmod(0o755)
+def _config_dir(tmp_path: Path) -> Path:
+    """The service's config directory under a config root of its own."""
+    service_dir = tmp_path / "etc" / "pdctl" / "svc"
+    service_dir.mkdir(parents=True)
+    return service_dir
+
+
+def _unitctl(tmp_path: Path, tools: dict[str, str], *args: str) -> str:
+    """The rendered script run by /bin/sh with ``tools`` (name: shell text) first on PATH;
+    its stdout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in tools.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
     script = tmp_path / "pdctl-unitctl"
-    script.write_text(_render(config_root))
+    script.write_text(_render(tmp_path / "etc" / "pdctl"))
     done = subprocess.run(
-        ["/bin/sh", str(script), "svc", "why", "decode", "0"],
+        ["/bin/sh", str(script), "svc", *args],
         capture_output=True,
         text=True,
-        env={"PATH": f"{tools}:/usr/bin:/bin"},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
         check=True,
         timeout=30,
     )
-    head, _, tail = done.stdout.partition("--\n")
+    return done.stdout
+
+
+def _why(tmp_path: Path, secrets: dict[str, str] | None) -> list[str]:
+    service_dir = _config_dir(tmp_path)
+    if secrets is not None:
+        lines = "".join(f"{name}={value}\n" for name, value in secrets.items())
+        (service_dir / layout.SECRETS_ENV).write_text(lines)
+    journal = tmp_path / "journal.txt"
+    journal.write_text("".join(f"{line}\n" for line in JOURNAL))
+    tools = {
+        "systemctl": "#!/bin/sh\nprintf 'ActiveState=failed\\nNRestarts=3\\n'\n",
+        "journalctl": f"#!/bin/sh\ncat {journal}\n",
+    }
+    head, _, tail = _unitctl(tmp_path, tools, "why", "decode", "0").partition("--\n")
     assert head == "ActiveState=failed\nNRestarts=3\n"
     return tail.splitlines()
 
@@ -80,42 +95,26 @@ def test_why_of_a_service_without_secrets_passes_the_journal_as_it_is(tmp_path: 
 def _states(tmp_path: Path, slots: dict[str, str], containers: dict[str, str]) -> tuple[str, str]:
     """`states` on a host whose slot files are ``slots`` (name: ActiveState) and whose runtime
     holds ``containers`` (name: config label); its output and the stand-ins' call log."""
-    config_root = tmp_path / "etc" / "pdctl"
-    (config_root / "svc").mkdir(parents=True)
+    service_dir = _config_dir(tmp_path)
     for name in slots:
-        (config_root / "svc" / f"{name}.env").write_text("")
-    (config_root / "svc" / "decode.env").write_text("")  # the group's file, no slot
+        (service_dir / f"{name}.env").write_text("")
+    (service_dir / "decode.env").write_text("")  # the group's file, no slot
     calls = tmp_path / "calls.log"
-    tools = tmp_path / "bin"
-    tools.mkdir()
     cases = "".join(
         f"        pd-svc-{name.rsplit('-', 1)[0]}@{name.rsplit('-', 1)[1]}.service) "
         f"printf '%s\\n\\n' {state} ;;\n"
         for name, state in slots.items()
         if name.rsplit("-", 1)[1].isdigit()  # systemd could name no other unit
     )
-    (tools / "systemctl").write_text(
-        f'#!/bin/sh\necho "systemctl $*" >> {calls}\nshift 3\n'
-        f'for unit; do\n    case "$unit" in\n{cases}'
-        "        *) printf 'inactive\\n\\n' ;;\n    esac\ndone\n"
-    )
     listing = "".join(f"{name} {label}\n" for name, label in containers.items())
-    (tools / "podman").write_text(
-        f'#!/bin/sh\necho "podman $*" >> {calls}\nprintf %s "{listing}"\n'
-    )
-    for tool in tools.iterdir():
-        tool.chmod(0o755)
-    script = tmp_path / "pdctl-unitctl"
-    script.write_text(_render(config_root))
-    done = subprocess.run(
-        ["/bin/sh", str(script), "svc", "states"],
-        capture_output=True,
-        text=True,
-        env={"PATH": f"{tools}:/usr/bin:/bin"},
-        check=True,
-        timeout=30,
-    )
-    return done.stdout, calls.read_text() if calls.exists() else ""
+    tools = {
+        "systemctl": f'#!/bin/sh\necho "systemctl $*" >> {calls}\nshift 3\n'
+        f'for unit; do\n    case "$unit" in\n{cases}'
+        "        *) printf 'inactive\\n\\n' ;;\n    esac\ndone\n",
+        "podman": f'#!/bin/sh\necho "podman $*" >> {calls}\nprintf %s "{listing}"\n',
+    }
+    out = _unitctl(tmp_path, tools, "states")
+    return out, calls.read_text() if calls.exists() else ""
 
 
 def test_states_reads_every_slot_with_one_systemctl_and_one_runtime_call(tmp_path: Path) -> None:

@@ -468,3 +468,11 @@ def test_libyamls_parser_reads_what_pyyamls_own_reads(path: str) -> None:
 
 def test_the_fast_parser_is_libyamls_where_pyyaml_has_it() -> None:
     assert yaml.__with_libyaml__ == (yamlsrc._FAST_PARSER is not yamlsrc._PythonParser)
+
+
+@pytest.mark.parametrize("text", ["a: \ud800\n", "a: b\x07\n", "a: \x00\n"])
+def test_characters_yaml_does_not_allow_are_refused(text: str) -> None:
+    """A lone surrogate (a str from a hostile caller) or a control character: one YamlError,
+    never an encoder's or parser's own exception."""
+    with pytest.raises(YamlError, match="not valid YAML: .*(unacceptable|control|special)"):
+        load_text(text)
