@@ -474,5 +474,5 @@ def test_the_fast_parser_is_libyamls_where_pyyaml_has_it() -> None:
 def test_characters_yaml_does_not_allow_are_refused(text: str) -> None:
     """A lone surrogate (a str from a hostile caller) or a control character: one YamlError,
     never an encoder's or parser's own exception."""
-    with pytest.raises(YamlError, match="not valid YAML: .*(unacceptable|control|special)"):
+    with pytest.raises(YamlError, match=r"not valid YAML: .*(unacceptable|control|special)"):
         load_text(text)
