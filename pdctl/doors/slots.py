@@ -95,9 +95,14 @@ class Actuator:
             found.setdefault(slot.host, []).append(slot)
         return found
 
-    def host_states(self, host: str, timeout: float = STATES_TIMEOUT) -> dict[str, SlotState]:
-        """The unit state of each slot on one host (one SSH command, within ``timeout``)."""
-        output = self._unitctl(host, "states", timeout=timeout).stdout
+    def host_states(
+        self, host: str, timeout: float = STATES_TIMEOUT, *, labels: bool = True
+    ) -> dict[str, SlotState]:
+        """The unit state of each slot on one host (one SSH command, within ``timeout``).
+        ``labels=False``: no container's config label (``config`` None), and so no container
+        runtime call on the host, only systemd's: what the scaler reads every tick."""
+        verb = "states" if labels else "unit-states"
+        output = self._unitctl(host, verb, timeout=timeout).stdout
         return parse_states(output, self.slots_by_host().get(host, []))
 
     def read_states(

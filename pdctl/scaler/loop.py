@@ -226,7 +226,8 @@ class Scaler:
         by_host = self.actuator.slots_by_host()
         reads = {
             host: self.reads.submit(
-                f"states {host}", partial(self.actuator.host_states, host, STATES_TIMEOUT)
+                f"states {host}",
+                partial(self.actuator.host_states, host, STATES_TIMEOUT, labels=False),
             )
             for host in by_host
         }

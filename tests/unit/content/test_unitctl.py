@@ -92,9 +92,12 @@ def test_why_of_a_service_without_secrets_passes_the_journal_as_it_is(tmp_path: 
     assert _why(tmp_path, None) == JOURNAL
 
 
-def _states(tmp_path: Path, slots: dict[str, str], containers: dict[str, str]) -> tuple[str, str]:
-    """`states` on a host whose slot files are ``slots`` (name: ActiveState) and whose runtime
-    holds ``containers`` (name: config label); its output and the stand-ins' call log."""
+def _states(
+    tmp_path: Path, slots: dict[str, str], containers: dict[str, str], verb: str = "states"
+) -> tuple[str, str]:
+    """`states` (or ``verb``) on a host whose slot files are ``slots`` (name: ActiveState) and
+    whose runtime holds ``containers`` (name: config label); its output and the stand-ins'
+    call log."""
     service_dir = _config_dir(tmp_path)
     for name in slots:
         (service_dir / f"{name}.env").write_text("")
@@ -113,7 +116,7 @@ def _states(tmp_path: Path, slots: dict[str, str], containers: dict[str, str]) -
         "        *) printf 'inactive\\n\\n' ;;\n    esac\ndone\n",
         "podman": f'#!/bin/sh\necho "podman $*" >> {calls}\nprintf %s "{listing}"\n',
     }
-    out = _unitctl(tmp_path, tools, "states")
+    out = _unitctl(tmp_path, tools, verb)
     return out, calls.read_text() if calls.exists() else ""
 
 
@@ -128,6 +131,14 @@ def test_states_reads_every_slot_with_one_systemctl_and_one_runtime_call(tmp_pat
     ]
     assert [line.split()[0] for line in calls.splitlines()] == ["podman", "systemctl"]
     assert "label=pdctl.service=svc" in calls
+
+
+def test_unit_states_reads_systemd_alone_and_gives_no_label(tmp_path: Path) -> None:
+    slots = {"prefill-1": "active", "decode-1": "failed"}
+    containers = {"pd-svc-prefill-1": "90c54fb38083"}
+    out, calls = _states(tmp_path, slots, containers, verb="unit-states")
+    assert sorted(out.splitlines()) == ["decode 1 failed -", "prefill 1 active -"]
+    assert [line.split()[0] for line in calls.splitlines()] == ["systemctl"]
 
 
 def test_states_of_a_host_without_slots_calls_nothing(tmp_path: Path) -> None:
