@@ -217,3 +217,78 @@ def test_bundles_parse_side_by_side_in_threads_without_cpythons_ast_race() -> No
     if sys.version_info < (3, 12):
         assert _parse_side_by_side(ast.parse), "the stress no longer reproduces the race"
     assert _parse_side_by_side(bundle.parse) == []
+
+
+def _every_import(tree: ast.Module) -> set[str]:
+    """The imports a bundle must follow, found by visiting every node of ``tree``: those under
+    ``if TYPE_CHECKING:`` left out. What bundle._imports, which visits statements only, must
+    find."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and bundle._type_checking(node.test):
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return {
+        ast.dump(node)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped
+    }
+
+
+NESTED = """
+import a
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    import hidden
+    if x:
+        import hidden_deeper
+else:
+    import shown_in_else
+def f():
+    import in_function
+    class C:
+        import in_class
+        def g(self):
+            with x:
+                import in_with
+try:
+    import in_try
+except ImportError:
+    import in_handler
+else:
+    import in_try_else
+finally:
+    import in_finally
+for _ in x:
+    import in_for
+else:
+    import in_for_else
+while x:
+    import in_while
+async def h():
+    async with x:
+        import in_async_with
+    async for _ in x:
+        import in_async_for
+match x:
+    case 1:
+        import in_case
+"""
+
+
+SOURCES = sorted((ROOT / "pdctl").rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(None, id="every-kind-of-block")]
+    + [pytest.param(p, id=str(p.relative_to(ROOT))) for p in SOURCES],
+)
+def test_the_statement_walk_finds_every_import_a_walk_of_all_nodes_finds(path: Path | None) -> None:
+    tree = ast.parse(NESTED if path is None else path.read_text(encoding="utf-8"))
+    found = {ast.dump(node) for node in bundle._imports(tree)}
+    assert found == _every_import(tree)
+    if path is None:
+        names = {alias.name for node in bundle._imports(tree) for alias in node.names}
+        assert names == {"a", "TYPE_CHECKING", "shown_in_else"} | {
+            n for n in NESTED.split() if n.startswith("in_")
+        }
