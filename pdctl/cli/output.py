@@ -7,15 +7,25 @@ errors included; progress and notes go nowhere, so scripts can parse stdout.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+# rich is imported when a console is first used: a JSON-mode command, what scripts and the tests
+# run, never uses one, and rich was a tenth of a command's start.
+def _console(*, stderr: bool) -> Console:
+    from rich.console import Console  # noqa: PLC0415 - see above: JSON mode never loads rich
+
+    return Console(stderr=stderr, soft_wrap=True, highlight=False)
 
 
 class Output:
@@ -23,8 +33,14 @@ class Output:
         self.json_mode = json_mode
         self.verbosity = verbosity
         self.quiet = quiet
-        self.out = Console(soft_wrap=True, highlight=False)
-        self.err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+    @functools.cached_property
+    def out(self) -> Console:
+        return _console(stderr=False)
+
+    @functools.cached_property
+    def err(self) -> Console:
+        return _console(stderr=True)
 
     # -- results -----------------------------------------------------------
     def result(self, doc: Any, render: Callable[[], None] | None = None) -> None:
@@ -43,6 +59,8 @@ class Output:
     def table(
         self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None
     ) -> None:
+        from rich.table import Table  # noqa: PLC0415 - human output only (see _console)
+
         table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
         for column in columns:
             table.add_column(column)

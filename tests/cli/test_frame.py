@@ -99,12 +99,13 @@ def test_every_command_is_listed_and_loads(workspace: Path) -> None:
 def test_a_command_imports_only_what_it_runs(workspace: Path) -> None:
     """`pdctl status` neither loads the lab nor the fleet's commands: every command pays for
     its own imports only (the tests and users' scripts run pdctl many times). Nor invoke,
-    which paramiko loads (with asyncio and unittest.mock) for ssh_config files pdctl never reads."""
+    which paramiko loads (with asyncio and unittest.mock) for ssh_config files pdctl never reads,
+    nor, in JSON mode, rich (it draws the human output)."""
     probe = (
-        "import sys, runpy; sys.argv = ['pdctl', 'status', 'nothing-here']\n"
+        "import sys, runpy; sys.argv = ['pdctl', '--json', 'status', 'nothing-here']\n"
         "try:\n    runpy.run_module('pdctl', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
-        "watched = ('pdctl.lab', 'pdctl.cli.', 'invoke')\n"
+        "watched = ('pdctl.lab', 'pdctl.cli.', 'invoke', 'rich')\n"
         "print(sorted(m for m, v in sys.modules.items() if m.startswith(watched) and v))\n"
     )
     done = subprocess.run(
@@ -117,5 +118,5 @@ def test_a_command_imports_only_what_it_runs(workspace: Path) -> None:
     )
     loaded = done.stdout.strip().splitlines()[-1]
     assert "pdctl.lab" not in loaded and "pdctl.cli.fleet" not in loaded, loaded
-    assert "'invoke" not in loaded, loaded
+    assert "'invoke" not in loaded and "'rich" not in loaded, loaded
     assert "pdctl.cli.service" in loaded, loaded
