@@ -54,11 +54,11 @@ flake: install
 # pdctl/onhost runs on the hosts' Python 3.9: ruff holds its syntax to 3.9 (pyproject.toml) and
 # mypy checks it again at 3.10, the oldest it targets (a newer standard-library name fails).
 lint: install
-	$(BIN)/ruff check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library
-	$(BIN)/ruff format --check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library
+	$(BIN)/ruff check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins
+	$(BIN)/ruff format --check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.10 pdctl/onhost
-	$(BIN)/mypy playbooks/lookup_plugins playbooks/library scripts/import_contracts.py
+	$(BIN)/mypy playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins scripts/import_contracts.py
 	$(BIN)/lint-imports
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint

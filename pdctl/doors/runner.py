@@ -109,14 +109,15 @@ def strategy_env(playbook_name: str) -> dict[str, str]:
     Ansible ships every module to a host as a zip that a fresh python3 unpacks and compiles;
     Mitogen keeps one interpreter per host and caches the code in it. Measured on a 16-host
     lab: a first deploy 201 s -> 97 s, a no-op redeploy 285 s -> 105 s. Plain
-    `ansible-playbook` with the project's ansible.cfg keeps Ansible's own linear strategy
-    (the plugin's path depends on where Mitogen is installed).
+    `ansible-playbook` with the project's ansible.cfg runs pd_linear, Ansible's linear strategy
+    with each worker forked from a frozen heap (playbooks/strategy_plugins/pd_linear.py); it
+    does not name Mitogen's, whose path depends on where Mitogen is installed.
     """
     chosen = os.environ.get(STRATEGY_VARIABLE, "auto")
     if chosen == "auto":
         chosen = "linear" if playbook_name in _LINEAR_PLAYBOOKS else "mitogen"
     if chosen == "linear":
-        return {"ANSIBLE_STRATEGY": "linear"}
+        return {"ANSIBLE_STRATEGY": "pd_linear"}
     if chosen != "mitogen":
         raise InputError(
             f"{STRATEGY_VARIABLE}={chosen!r} is not a strategy pdctl knows",
@@ -129,7 +130,9 @@ def strategy_env(playbook_name: str) -> dict[str, str]:
             hint=f"pip install pdctl's dependencies again, or set {STRATEGY_VARIABLE}=linear",
         )
     plugins = Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy"
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
+    # Mitogen's strategies and pdctl's (pd_mitogen_linear: Mitogen's over pd_linear).
+    path = os.pathsep.join([str(plugins), str(content_root() / "playbooks" / "strategy_plugins")])
+    return {"ANSIBLE_STRATEGY_PLUGINS": path, "ANSIBLE_STRATEGY": "pd_mitogen_linear"}
 
 
 def _env(playbook_name: str, verbosity: int) -> dict[str, str]:

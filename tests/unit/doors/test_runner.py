@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pdctl.core.errors import InputError
+from pdctl.doors.content import content_root
 from pdctl.doors.runner import STRATEGY_VARIABLE, strategy_env
 
 
@@ -16,18 +21,73 @@ def test_auto_runs_the_long_playbooks_under_mitogen_and_the_preflight_linear(
     monkeypatch.delenv(STRATEGY_VARIABLE, raising=False)
     for name in ("deploy.yml", "destroy.yml"):
         env = strategy_env(name)
-        assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
-        assert (Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
-    assert strategy_env("preflight.yml") == {"ANSIBLE_STRATEGY": "linear"}
+        assert env["ANSIBLE_STRATEGY"] == "pd_mitogen_linear"
+        mitogen, ours = (Path(p) for p in env["ANSIBLE_STRATEGY_PLUGINS"].split(os.pathsep))
+        assert (mitogen / "mitogen_linear.py").is_file()
+        assert (ours / "pd_mitogen_linear.py").is_file() and (ours / "pd_linear.py").is_file()
+    assert strategy_env("preflight.yml") == {"ANSIBLE_STRATEGY": "pd_linear"}
 
 
 def test_a_strategy_can_be_forced_and_anything_else_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(STRATEGY_VARIABLE, "linear")
-    assert strategy_env("deploy.yml") == {"ANSIBLE_STRATEGY": "linear"}
+    assert strategy_env("deploy.yml") == {"ANSIBLE_STRATEGY": "pd_linear"}
     monkeypatch.setenv(STRATEGY_VARIABLE, "mitogen")
-    assert strategy_env("preflight.yml")["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert strategy_env("preflight.yml")["ANSIBLE_STRATEGY"] == "pd_mitogen_linear"
     monkeypatch.setenv(STRATEGY_VARIABLE, "free")
     with pytest.raises(InputError, match="PDCTL_ANSIBLE_STRATEGY='free'"):
         strategy_env("deploy.yml")
+
+
+# A lookup that runs in the task's worker process and says how many objects it inherited frozen.
+FREEZE_COUNT = """
+import gc
+from ansible.plugins.lookup import LookupBase
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        return [gc.get_freeze_count()]
+"""
+PLAY = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.debug:
+        msg: "frozen={{ lookup('freeze_count') }}"
+"""
+
+
+def _frozen_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
+    (tmp_path / "lookups").mkdir(exist_ok=True)
+    (tmp_path / "lookups" / "freeze_count.py").write_text(FREEZE_COUNT)
+    (tmp_path / "play.yml").write_text(PLAY)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), str(tmp_path / "play.yml")],
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(content_root() / "ansible.cfg"),
+            "ANSIBLE_LOOKUP_PLUGINS": str(tmp_path / "lookups"),
+            "ANSIBLE_INVENTORY": "localhost,",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    found = re.search(r"frozen=(\d+)", done.stdout)
+    assert found, done.stdout
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("strategy", ["linear", "mitogen"])
+def test_pdctls_strategies_fork_each_worker_from_a_frozen_heap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    monkeypatch.setenv(STRATEGY_VARIABLE, strategy)
+    assert _frozen_in_worker(tmp_path, strategy_env("deploy.yml")) > 10_000
+    # What a plain ansible-playbook run with the project's ansible.cfg gets: pd_linear too.
+    assert _frozen_in_worker(tmp_path, {}) > 10_000
+    # Ansible's own linear strategy forks without freezing: what the count above tells apart.
+    assert _frozen_in_worker(tmp_path, {"ANSIBLE_STRATEGY": "linear"}) == 0
