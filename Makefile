@@ -51,14 +51,17 @@ FLAKE_TESTS ?=
 flake: install
 	$(BIN)/python scripts/flake.py --runs $(FLAKE_RUNS) $(FLAKE_TESTS)
 
+# pdctl's Python beside the playbooks (Ansible's plugins and modules), linted with pdctl's.
+ANSIBLE_PY = playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins
+
 # pdctl/onhost runs on the hosts' Python 3.9: ruff holds its syntax to 3.9 (pyproject.toml) and
 # mypy checks it again at 3.10, the oldest it targets (a newer standard-library name fails).
 lint: install
-	$(BIN)/ruff check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins
-	$(BIN)/ruff format --check pdctl tests bench scripts playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins
+	$(BIN)/ruff check pdctl tests bench scripts $(ANSIBLE_PY)
+	$(BIN)/ruff format --check pdctl tests bench scripts $(ANSIBLE_PY)
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.10 pdctl/onhost
-	$(BIN)/mypy playbooks/lookup_plugins playbooks/library playbooks/strategy_plugins scripts/import_contracts.py
+	$(BIN)/mypy $(ANSIBLE_PY) scripts/import_contracts.py
 	$(BIN)/lint-imports
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint

@@ -131,7 +131,7 @@ def strategy_env(playbook_name: str) -> dict[str, str]:
         )
     plugins = Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy"
     # Mitogen's strategies and pdctl's (pd_mitogen_linear: Mitogen's over pd_linear).
-    path = os.pathsep.join([str(plugins), str(content_root() / "playbooks" / "strategy_plugins")])
+    path = os.pathsep.join([str(plugins), str(playbook("strategy_plugins"))])
     return {"ANSIBLE_STRATEGY_PLUGINS": path, "ANSIBLE_STRATEGY": "pd_mitogen_linear"}
 
 
