@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +93,75 @@ def test_pdctls_strategies_fork_each_worker_from_a_frozen_heap(
     assert _frozen_in_worker(tmp_path, {}) > 10_000
     # Ansible's own linear strategy forks without freezing: what the count above tells apart.
     assert _frozen_in_worker(tmp_path, {"ANSIBLE_STRATEGY": "linear"}) == 0
+
+
+# A lookup that says how many of the pd_onhost lookup's entries the task's worker found computed.
+ONHOST_WARM = """
+from ansible.plugins.loader import lookup_loader
+from ansible.plugins.lookup import LookupBase
+import sys
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        onhost = sys.modules[type(lookup_loader.get("pd_onhost")).__module__]
+        return [onhost._entry.cache_info().currsize]
+"""
+WARM_PLAY = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.debug:
+        msg: "warm={{ lookup('onhost_warm') }}"
+    - ansible.builtin.debug:
+        msg: "scaler={{ lookup('pd_onhost', 'pdctl.scaler').entry }}"
+"""
+
+
+def _warm_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
+    (tmp_path / "lookups").mkdir(exist_ok=True)
+    (tmp_path / "lookups" / "onhost_warm.py").write_text(ONHOST_WARM)
+    (tmp_path / "play.yml").write_text(WARM_PLAY)
+    ours = content_root() / "playbooks" / "lookup_plugins"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), str(tmp_path / "play.yml")],
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(content_root() / "ansible.cfg"),
+            "ANSIBLE_LOOKUP_PLUGINS": f"{tmp_path / 'lookups'}{os.pathsep}{ours}",
+            "ANSIBLE_INVENTORY": "localhost,",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "scaler=pdctl.scaler" in done.stdout, done.stdout
+    found = re.search(r"warm=(\d+)", done.stdout)
+    assert found, done.stdout
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("strategy", ["linear", "mitogen"])
+def test_every_worker_inherits_the_on_host_bundles_computed_once_before_the_forks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    entries = re.findall(
+        r"lookup\('pd_onhost', '([^']+)'\)",
+        (content_root() / "playbooks" / "group_vars" / "all.yml").read_text(),
+    )
+    onhost = _pd_onhost_module()
+    assert set(entries) == set(onhost.ENTRIES)  # what the playbooks run is what is computed
+    monkeypatch.setenv(STRATEGY_VARIABLE, strategy)
+    assert _warm_in_worker(tmp_path, strategy_env("deploy.yml")) == len(onhost.ENTRIES)
+    # Ansible's own linear strategy: each worker starts from nothing (what the count tells apart).
+    assert _warm_in_worker(tmp_path, {"ANSIBLE_STRATEGY": "linear"}) == 0
+
+
+def _pd_onhost_module() -> Any:
+    path = content_root() / "playbooks" / "lookup_plugins" / "pd_onhost.py"
+    spec = importlib.util.spec_from_file_location("_pd_onhost_lookup", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
