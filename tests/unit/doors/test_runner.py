@@ -56,20 +56,25 @@ PLAY = """
   gather_facts: false
   tasks:
     - ansible.builtin.debug:
-        msg: "frozen={{ lookup('freeze_count') }}"
+        msg: "found={{{{ lookup('{lookup}') }}}}"
+    - ansible.builtin.debug:
+        msg: "scaler={{{{ lookup('pd_onhost', 'pdctl.scaler').entry }}}}"
 """
 
 
-def _frozen_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
+def _found_in_worker(tmp_path: Path, lookup: str, source: str, env: dict[str, str]) -> int:
+    """What the lookup ``lookup`` (its ``source``) returns in a task's worker process, under the
+    project's ansible.cfg and ``env``; a later task runs the pd_onhost lookup."""
     (tmp_path / "lookups").mkdir(exist_ok=True)
-    (tmp_path / "lookups" / "freeze_count.py").write_text(FREEZE_COUNT)
-    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "lookups" / f"{lookup}.py").write_text(source)
+    (tmp_path / "play.yml").write_text(PLAY.format(lookup=lookup))
+    ours = content_root() / "playbooks" / "lookup_plugins"
     done = subprocess.run(
         [str(Path(sys.executable).with_name("ansible-playbook")), str(tmp_path / "play.yml")],
         env={
             **os.environ,
             "ANSIBLE_CONFIG": str(content_root() / "ansible.cfg"),
-            "ANSIBLE_LOOKUP_PLUGINS": str(tmp_path / "lookups"),
+            "ANSIBLE_LOOKUP_PLUGINS": f"{tmp_path / 'lookups'}{os.pathsep}{ours}",
             "ANSIBLE_INVENTORY": "localhost,",
             **env,
         },
@@ -78,9 +83,14 @@ def _frozen_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
         timeout=120,
         check=True,
     )
-    found = re.search(r"frozen=(\d+)", done.stdout)
+    assert "scaler=pdctl.scaler" in done.stdout, done.stdout
+    found = re.search(r"found=(\d+)", done.stdout)
     assert found, done.stdout
     return int(found.group(1))
+
+
+def _frozen_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
+    return _found_in_worker(tmp_path, "freeze_count", FREEZE_COUNT, env)
 
 
 @pytest.mark.parametrize("strategy", ["linear", "mitogen"])
@@ -105,41 +115,10 @@ class LookupModule(LookupBase):
         onhost = sys.modules[type(lookup_loader.get("pd_onhost")).__module__]
         return [onhost._entry.cache_info().currsize]
 """
-WARM_PLAY = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - ansible.builtin.debug:
-        msg: "warm={{ lookup('onhost_warm') }}"
-    - ansible.builtin.debug:
-        msg: "scaler={{ lookup('pd_onhost', 'pdctl.scaler').entry }}"
-"""
 
 
 def _warm_in_worker(tmp_path: Path, env: dict[str, str]) -> int:
-    (tmp_path / "lookups").mkdir(exist_ok=True)
-    (tmp_path / "lookups" / "onhost_warm.py").write_text(ONHOST_WARM)
-    (tmp_path / "play.yml").write_text(WARM_PLAY)
-    ours = content_root() / "playbooks" / "lookup_plugins"
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), str(tmp_path / "play.yml")],
-        env={
-            **os.environ,
-            "ANSIBLE_CONFIG": str(content_root() / "ansible.cfg"),
-            "ANSIBLE_LOOKUP_PLUGINS": f"{tmp_path / 'lookups'}{os.pathsep}{ours}",
-            "ANSIBLE_INVENTORY": "localhost,",
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert "scaler=pdctl.scaler" in done.stdout, done.stdout
-    found = re.search(r"warm=(\d+)", done.stdout)
-    assert found, done.stdout
-    return int(found.group(1))
+    return _found_in_worker(tmp_path, "onhost_warm", ONHOST_WARM, env)
 
 
 @pytest.mark.parametrize("strategy", ["linear", "mitogen"])
