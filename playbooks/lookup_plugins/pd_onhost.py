@@ -67,7 +67,7 @@ def _bundle() -> ModuleType:
 
 
 # The entries playbooks/group_vars/all.yml runs (a test holds them equal): every playbook run
-# computes them once, in the playbook process (the pd_linear strategy calls warm()), and each
+# computes them once, in the playbook process (pd_linear calls LookupModule.warm), and each
 # task's worker, a fork of it, inherits them instead of parsing its bundles again (the scaler's
 # alone takes about 0.1 CPU-s; the preflight and host-apply bundles ran in every host's worker).
 ENTRIES = (
@@ -101,15 +101,6 @@ def _entry(entry: str) -> dict[str, str | list[str]]:
     }
 
 
-def warm() -> None:
-    """Compute every entry the playbooks run; one that fails fails again where it is used."""
-    for entry in ENTRIES:
-        try:
-            _entry(entry)
-        except AnsibleLookupError:
-            continue
-
-
 class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no type hints
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[dict[str, Any]]:
         # Copies: nothing a task does to its result reaches the next task's.
@@ -117,4 +108,9 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
 
     @staticmethod
     def warm() -> None:
-        warm()
+        """Compute every entry the playbooks run; one that fails fails again where it is used."""
+        for entry in ENTRIES:
+            try:
+                _entry(entry)
+            except AnsibleLookupError:
+                continue
