@@ -23,6 +23,7 @@ import pytest
 
 from pdctl.core.plan import Plan, listeners
 from pdctl.lab import hub, worker_tree
+from tests import zygote
 
 LAB_PROGRAMS = ("debootstrap", "systemd-nspawn", "ip", "nsenter", "ssh", "ssh-keygen")
 
@@ -100,14 +101,13 @@ def pdctl(
     tmp = private_tmp(home)
     tmp.mkdir(parents=True, exist_ok=True)
     full_env = {**inherited, "PDCTL_HOME": str(home), "TMPDIR": str(tmp), **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdctl", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "pdctl", *args]
+    if zygote.can_run(env or {}):
+        proc = zygote.run(argv, full_env, timeout)
+    else:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=full_env, timeout=timeout, check=False
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"pdctl {' '.join(args)} exited {proc.returncode}\n"
