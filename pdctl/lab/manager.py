@@ -28,7 +28,7 @@ from pdctl.lab import host as lab_host
 from pdctl.lab.host import SHARE_MOUNT, HostPaths, Shared
 from pdctl.lab.runtime import crun_clamp
 from pdctl.lab.state import DEFAULT_GPU, LAB_GPUS, Fault, HostKind, LabHost, LabState, LinkLayer
-from pdctl.lab.system import require_programs, require_root, run
+from pdctl.lab.system import remove_tree, require_programs, require_root, run
 
 Progress = Callable[[str], None]
 # Hosts take .11 up; .200-.254 stay free for failover addresses (a service's router address).
@@ -441,14 +441,14 @@ def down(workspace: Workspace, progress: Progress) -> dict[str, Any]:
         if registry.owner(current.lab_id) not in {None, lab.dir}:
             # This lab was swept as stale and its id went to another workspace: the hosts,
             # namespaces and bridge named after that id are the other lab's now.
-            shutil.rmtree(lab.dir, ignore_errors=True)
+            remove_tree(lab.dir)
             return {"removed_hosts": [], "lab": None}
         names = [h.name for h in current.hosts]
         progress(f"removing {len(names)} host(s)")
         _sweep(lab.dir, current, current.lab_id)
         if registry.owner(current.lab_id) == lab.dir:
             registry.release(current.lab_id)
-        shutil.rmtree(lab.dir, ignore_errors=True)
+        remove_tree(lab.dir)
         inotify.restore_when_idle(_hosts_running(except_lab=lab.dir))
     return {"removed_hosts": names, "lab": current.lab_id}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pdctl.core.errors import EnvironmentProblem, PdctlError
 
@@ -73,3 +75,20 @@ def run(
 def quiet(argv: Sequence[str]) -> bool:
     """Run a clean-up step whose failure only means there was nothing to clean."""
     return run(argv, check=False, timeout=30).returncode == 0
+
+
+def remove_tree(path: Path, seconds: float = 10.0) -> None:
+    """Remove a directory tree that a process just killed may still be adding to (its last
+    write lands after the kill is sent): try again until it is gone, then say what is left."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        if time.monotonic() > deadline:
+            left = sorted(str(p) for p in path.rglob("*"))[:5]
+            raise PdctlError(
+                f"could not remove {path} within {seconds:g} s; left: {', '.join(left)}",
+                hint="see what still uses it (`fuser -vm PATH`), then remove it by hand",
+            )
+        time.sleep(0.1)
