@@ -568,6 +568,10 @@ class Peer:
         class Server(http.server.ThreadingHTTPServer):
             address_family = family
             daemon_threads = True
+            # socketserver's backlog is 5: a burst of connections (strangers the accepting
+            # thread closes, or many peers at once) overflowed it, and the kernel dropped the
+            # next SYNs, a fleet host's among them, for a 1 s (then 3 s, 7 s) retransmit.
+            request_queue_size = 128
 
             def verify_request(self, request: Any, client_address: Any) -> bool:
                 # In the accepting thread: a stranger, or one connection too many, is closed
