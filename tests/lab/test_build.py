@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -209,3 +211,35 @@ def test_smg_grpc_proto_pins_agree() -> None:
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     pin = GRPC_STANDIN_PACKAGES["smg-grpc-proto"]
     assert f'"smg-grpc-proto=={pin}"' in pyproject
+
+
+@pytest.mark.skipif(
+    sys.version_info[:2] != image.IMAGE_PYTHON, reason="bytecode is made by the image's Python"
+)
+def test_each_module_goes_in_with_the_bytecode_its_python_loads_without_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker container starts from the image each time: bytecode it compiled is never kept,
+    so the image carries it, and Python takes it without reading the source."""
+    monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
+    folder = image.ensure_images(
+        _fake_rootfs(tmp_path / "rootfs"), _fake_wheelhouse(tmp_path / "w")
+    )
+    layers, members = _layer(tmp_path, folder / image.SGLANG.archive_name, image.SGLANG)
+    assert "usr/lib/python3.11/__pycache__/os.cpython-311.pyc" in members
+    site = "usr/lib/python3/dist-packages"
+    module = next(iter(GRPC_STANDIN_PACKAGES)).replace("-", "_") + "_extra"
+    source, compiled = f"{site}/{module}.py", f"{site}/__pycache__/{module}.cpython-311.pyc"
+    with tarfile.open(fileobj=io.BytesIO(layers[1])) as layer:
+        layer.extractall(
+            tmp_path / "image", members=[layer.getmember(source), layer.getmember(compiled)]
+        )
+    run = subprocess.run(
+        [sys.executable, "-v", "-c", f"import {module}"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "image" / site), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"code object from '{tmp_path / 'image' / compiled}'" in run.stderr
