@@ -134,6 +134,13 @@ def answers(deployed: Deployed, host: str, port: int) -> bool:
     return deployed.root(deployed.lab.node_at(host), probe, check=False).strip() == "up"
 
 
+def routed(deployed: Deployed) -> bool:
+    """A chat through the router answers."""
+    probe = Load(deployed, rps=1)
+    probe.one()
+    return probe.ok == 1
+
+
 def test_scaler_runs_as_a_unit_with_a_restricted_key(deployed: Deployed) -> None:
     assert (
         deployed.root("node1", f"systemctl is-active pd-{SERVICE}-scaler.service").strip()
@@ -187,16 +194,19 @@ def test_a_killed_worker_is_replaced_within_90_s(deployed: Deployed) -> None:
     deployed.root(node, f"kill -9 {pid}")
     started = time.monotonic()
 
-    def replaced(doc: dict[str, Any]) -> bool:
-        # Right after the kill, status may still show the dead replica registered and ready
-        # (SMG has not checked it yet): serving counts once its container is another process
-        # (restarted in place) or gone (replaced on another slot).
-        if deployed.root(node, inspect).strip() == pid or not both(doc, 1):
+    # Right after the kill, status may still show the dead replica registered and ready (SMG
+    # has not checked it yet), and a worker restarted in place can answer before SMG has seen
+    # it die: only what is read once the container is another process (restarted in place) or
+    # gone (replaced on another slot) counts, and serving means a chat through the router too.
+    wait_for(lambda: deployed.root(node, inspect).strip() != pid, 90, 1, what="the restart")
+
+    def serving(doc: dict[str, Any]) -> bool:
+        if not both(doc, 1):
             return False
         active = [r for r in doc["groups"]["decode"]["replicas"] if r["state"] == "active"]
-        return all(answers(deployed, r["host"], r["port"]) for r in active)
+        return all(answers(deployed, r["host"], r["port"]) for r in active) and routed(deployed)
 
-    deployed.wait("decode serving again", replaced, 90)
+    deployed.wait("decode serving again", serving, max(0.0, 90 - (time.monotonic() - started)))
     assert time.monotonic() - started < 90
     load = Load(deployed, rps=2)
     load.start()
