@@ -39,15 +39,12 @@ import threading
 import time
 from pathlib import Path
 
-# What a command imports, loaded once: the CLI and every command's module (pdctl.cli.COMMANDS).
-PRELOAD = (
-    "pdctl.cli",
-    "pdctl.cli.service",
-    "pdctl.cli.fleet",
-    "pdctl.cli.lab",
-    "pdctl.cli.scaler",
-    "pdctl.cli.fabric",
-)
+from pdctl.cli import COMMANDS
+
+
+# What a command imports, loaded once: the CLI and every command's module.
+def _preload() -> list[str]:
+    return ["pdctl.cli", *sorted({target.partition(":")[0] for target in COMMANDS.values()})]
 
 
 # -- the zygote (runs as `python -m tests.zygote SOCKET`) ------------------------------------
@@ -114,7 +111,7 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
 def serve(path: str) -> dict[str, object]:
     """Serve until the test process that started the zygote is gone; in a command's process,
     return its request."""
-    for module in PRELOAD:
+    for module in _preload():
         importlib.import_module(module)
     # Forks share the heap copy-on-write; a collection in a child would touch every page.
     gc.collect()

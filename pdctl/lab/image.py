@@ -37,6 +37,8 @@ _ROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "dash", "coreutils"
 # the image every time (`--rm`), so without it every worker start compiled all it imports
 # (0.3 CPU-s of the stand-in's 0.4 to import its modules) and never kept it.
 IMAGE_PYTHON = (3, 11)
+# Only the image's own Python version makes bytecode the image's Python will load.
+_MAKES_BYTECODE = sys.version_info[:2] == IMAGE_PYTHON
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def _wanted(path: str) -> bool:
 
 def _digest(rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> str:
     digest = hashlib.sha256(rootfs.name.encode())
-    bytecode = list(IMAGE_PYTHON) if sys.version_info[:2] == IMAGE_PYTHON else None
+    bytecode = list(IMAGE_PYTHON) if _MAKES_BYTECODE else None
     digest.update(
         json.dumps([_ROOT_PACKAGES, sorted(_EXCLUDED_PACKAGES), repr(spec), bytecode]).encode()
     )
@@ -239,7 +241,7 @@ def _bytecode(name: str, source: bytes) -> bytes | None:
     """The image's .pyc of a source file (PEP 552, unchecked hash: an image's sources never
     change), or None where this Python cannot make it (another version than the image's, or a
     file that is not Python 3: a test fixture, a template)."""
-    if sys.version_info[:2] != IMAGE_PYTHON:
+    if not _MAKES_BYTECODE:
         return None
     try:
         code = compile(source, f"/{name}", "exec", dont_inherit=True)
