@@ -1,6 +1,7 @@
 """Issue 17's acceptance on a lab of 1 CPU + 3 GPU hosts: each phase scales on its own signal.
 
-Prefill 1..3 on `ttft` (400 ms), decode 1..3 on `itl` (60 ms). Long prompts with short
+Prefill 1..3 on `ttft` (400 ms), decode 1..3 on `itl` (60 ms), each over a 20 s window (the
+60 s default only makes each phase change wait longer). Long prompts with short
 answers move prefill up while decode stays at 1; short prompts with long answers move
 decode up while prefill returns to 1. The workers are the lab's stand-ins with a finite
 capacity (8,000 prompt tokens/s per prefill slot, 400 tokens/s per decode slot, a 10 ms
@@ -37,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "pdlat"
 TTFT = (
     "  - count: 1..3\n    scaling:\n      metric: ttft\n      target: 400ms\n"
-    "      scale_down_delay: 30s\n"
+    "      window: 20s\n      scale_down_delay: 30s\n"
 )
 ITL = (
     "  - count: 1..3\n    scaling:\n      metric: itl\n      target: 60ms\n"
-    "      scale_down_delay: 30s\n"
+    "      window: 20s\n      scale_down_delay: 30s\n"
 )
 
 

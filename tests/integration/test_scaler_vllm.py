@@ -3,11 +3,12 @@ read without HTTP on the workers; `pdctl scaler advise` shows what the acting sc
 a vLLM scale-in under light load fails no request.
 
 The service is llm-d's shape (`vllm serve --grpc`, NixlConnector `kv_both` in both groups,
-their roles by name), prefill 1..3 on `ttft` (400 ms), decode 1..3 on `itl` (60 ms). The
-workers are the lab's vLLM stand-ins with the capacity model (8,000 prompt tokens/s per
-prefill, 400 tokens/s per decode, a 10 ms floor); the scaler is the deployed unit, reading
-SMG's own histograms (smg_pd_prefill_duration_seconds, smg_router_tpot_seconds) and the
-engines' GetLoads over gRPC.
+their roles by name), prefill 1..3 on `ttft` (400 ms), decode 1..3 on `itl` (60 ms), each over
+a 20 s window (a span users may set; the 60 s default only makes each phase change wait
+longer). The workers are the lab's vLLM stand-ins with the capacity model (8,000 prompt
+tokens/s per prefill, 400 tokens/s per decode, a 10 ms floor); the scaler is the deployed
+unit, reading SMG's own histograms (smg_pd_prefill_duration_seconds, smg_router_tpot_seconds)
+and the engines' GetLoads over gRPC.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ replicas:
     scaling:
       metric: ttft
       target: 400ms
+      window: 20s
       scale_down_delay: 30s
     commands:
       - |
@@ -70,6 +72,7 @@ replicas:
     scaling:
       metric: itl
       target: 60ms
+      window: 20s
       scale_down_delay: 30s
     commands:
       - |
