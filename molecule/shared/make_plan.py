@@ -3,7 +3,7 @@
 Usage: make_plan.py WORKSPACE SPEC OUT. HF_TOKEN must be set (the spec takes it from the
 environment); the plan itself holds only its name. MOLECULE_PD_ROUTERS=N (a scenario's
 molecule.yml sets it) runs the router group at count N behind a failover address: the first
-address the lab leaves free; MOLECULE_PD_ROUTER_MESH=1 joins them by SMG's mesh.
+address the lab leaves free.
 """
 
 import os
@@ -32,7 +32,6 @@ def main() -> None:
         free = str(manager.status(workspace)["free_addresses"]).split("-", 1)[0]
         router = doc.setdefault("pdctl", {}).setdefault("router", {})
         router["address"] = free
-        router["mesh"] = os.environ.get("MOLECULE_PD_ROUTER_MESH") == "1"
         spec_path = out.with_name("pd.yml")
         spec_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     service, env = spec.load(spec_path, os.environ)

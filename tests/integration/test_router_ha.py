@@ -8,7 +8,8 @@ holding it loses power (`pdctl lab fault HOST power-off`: no packet in or out, e
 gone): every request sent 5 s or more after the loss succeeds, few fail in all; `pdctl scale`
 still works (the scaler on the other router host acts now, from the state it kept); powered
 on again, the host's router rejoins as backup, with the workers the acting scaler gives it
-back. The routers run without SMG's mesh (the default): pdctl registers every worker on each.
+back. The routers run without SMG's mesh (the default): pdctl registers every worker on each;
+the last test before destroy deploys the service again with the mesh.
 
 The loss is timed from when the holder stops answering on its own address (a poller
 connecting to it every 0.1 s), not from the fault command's start: the lab's registry lock
@@ -59,13 +60,18 @@ class Deployment:
     def routers(self) -> dict[str, str]:
         return {r["host"]: r["state"] for r in self.status()["routers"]}
 
-    def workers_on(self, router: str) -> set[str]:
-        """The worker URLs a router lists, asked on its own address (its API, its key)."""
+    def workers(self, router: str) -> list[dict[str, Any]]:
+        """The workers a router lists, asked on its own address (its API, its key)."""
         request = urllib.request.Request(
             f"http://{router}:30000/workers", headers={"Authorization": f"Bearer {self.key}"}
         )
         with urllib.request.urlopen(request, timeout=5) as answer:
-            return {w["url"] for w in json.load(answer)["workers"]}
+            found: list[dict[str, Any]] = json.load(answer)["workers"]
+            return found
+
+    def workers_on(self, router: str) -> set[str]:
+        """The worker URLs a router lists."""
+        return {w["url"] for w in self.workers(router)}
 
 
 def spec_text(image: str, address: str) -> str:
@@ -244,6 +250,40 @@ def diagnosis(deployed: Deployment) -> str:
             ).stdout
         )
     return "\n".join(found)
+
+
+def test_a_service_deployed_with_the_mesh_shares_worker_ids_over_mutual_tls(
+    deployed: Deployment,
+) -> None:
+    """The service deployed again with `pdctl.router.mesh: true`: the workers are registered
+    through one router and SMG's mesh gives the other the same ids; each router has its own
+    root-only key and a certificate naming its address. (Last before destroy: two meshed
+    routers use half a core each, idle; docs/facts.md.)"""
+    deployed.pdctl("destroy", SERVICE, "-y")
+    spec = deployed.home / "pd.yml"
+    doc = yaml.safe_load(spec.read_text())
+    doc["pdctl"]["router"]["mesh"] = True
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    deployed.pdctl("deploy", str(spec), "--fleet", "lab", "-y")
+    deployed.key = deployed.pdctl("endpoint", SERVICE, "--show-key")["api_key"]
+    routers = sorted(deployed.routers())
+
+    def ids_on(router: str) -> list[str]:
+        return sorted(w["id"] for w in deployed.workers(router))
+
+    try:
+        wait_for(lambda: ids_on(routers[0]) == ids_on(routers[1]) != [], 60, step=1)
+    except AssertionError as exc:
+        listed = {r: [(w["id"], w["url"]) for w in deployed.workers(r)] for r in routers}
+        raise AssertionError(f"the meshed routers list {listed}: {diagnosis(deployed)}") from exc
+    for router in routers:
+        found = deployed.lab.ssh(
+            deployed.nodes[router],
+            f"stat -c '%a %U' /etc/pdctl/{SERVICE}/mesh.key; "
+            f"openssl x509 -in /etc/pdctl/{SERVICE}/mesh.pem -noout -ext subjectAltName",
+            user="root",
+        ).stdout
+        assert found.startswith("600 root\n") and f"IP Address:{router}" in found, found
 
 
 def test_destroy_removes_keepalived_and_the_address(deployed: Deployment) -> None:
