@@ -38,11 +38,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(BIN)/python scripts/demo.py
 
-# Three workers: the lab tests mostly wait (health checks, scaler delays), so they overlap
-# well even on 2 cores. loadfile keeps a module (and the lab it boots) on one worker; the
-# modules go out in collection order, longest first (tests/conftest.py, LONGEST_FIRST).
+# Four workers on 2 cores: the lab tests wait as well as compute (health checks, scaler windows),
+# and with three the cores stood idle 16 % of a full run (vmstat), with four 4 %. loadfile keeps
+# a module (and the lab it boots) on one worker; the modules go out in collection order,
+# longest first (tests/conftest.py, LONGEST_FIRST).
 test: install
-	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=15
 
 # Flaky tests show up here before CI: the unit and CLI tests FLAKE_RUNS times in a row with a
 # CPU hog on one core; name lab modules to add them: make flake FLAKE_TESTS=tests/integration/test_scaler.py
