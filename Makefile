@@ -38,12 +38,14 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(BIN)/python scripts/demo.py
 
-# Four workers on 2 cores: the lab tests wait as well as compute (health checks, scaler windows),
-# and with three the cores stood idle 16 % of a full run (vmstat), with four 4 %. loadfile keeps
-# a module (and the lab it boots) on one worker; the modules go out in collection order,
-# longest first (tests/conftest.py, LONGEST_FIRST).
+# Three workers on 2 cores: the lab tests wait as well as compute (health checks, scaler
+# windows), so they overlap. A fourth fills the cores' last idle time (16 % of a full run with
+# three, 4 % with four) but costs as much in contention: the same tree used 22 % more CPU and
+# took longer (23:01 with three, 24:41 with four). loadfile keeps a module (and the lab it
+# boots) on one worker; the modules go out in collection order, longest first
+# (tests/conftest.py, LONGEST_FIRST).
 test: install
-	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15
 
 # Flaky tests show up here before CI: the unit and CLI tests FLAKE_RUNS times in a row with a
 # CPU hog on one core; name lab modules to add them: make flake FLAKE_TESTS=tests/integration/test_scaler.py
