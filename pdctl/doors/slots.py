@@ -9,6 +9,7 @@ router.py.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ class SlotState:
     slot: Slot
     active: str  # systemd ActiveState: active, inactive, failed, activating, deactivating
     config: str | None  # the running container's pdctl.config label
+    restarts: int | None = None  # systemd's NRestarts: a change is the engine restarted in place
 
     @property
     def running(self) -> bool:
@@ -45,17 +47,26 @@ class SlotState:
 
 
 def parse_states(output: str, slots: list[Slot]) -> dict[str, SlotState]:
-    """`pdctl-unitctl SERVICE states` output of one host -> the state of each of its slots."""
-    seen: dict[str, tuple[str, str | None]] = {}
+    """`pdctl-unitctl SERVICE states` output of one host -> the state of each of its slots.
+    A line is "GROUP K ACTIVESTATE LABEL RESTARTS" ("-" for a value not known); a host whose
+    pdctl-unitctl predates the restart count gives four words."""
+    seen: dict[str, SlotState] = {}
+    by_name = {slot.name: slot for slot in slots}
     for line in output.splitlines():
         parts = line.split()
-        if len(parts) == 4:
-            seen[f"{parts[0]}/{parts[1]}"] = (parts[2], None if parts[3] == "-" else parts[3])
-    found: dict[str, SlotState] = {}
-    for slot in slots:
-        active, config = seen.get(slot.name, ("inactive", None))
-        found[slot.name] = SlotState(slot=slot, active=active, config=config)
-    return found
+        if len(parts) not in (4, 5):
+            continue
+        slot = by_name.get(f"{parts[0]}/{parts[1]}")
+        if slot is None:
+            continue
+        restarts = parts[4] if len(parts) == 5 else "-"
+        seen[slot.name] = SlotState(
+            slot=slot,
+            active=parts[2],
+            config=None if parts[3] == "-" else parts[3],
+            restarts=int(restarts) if re.fullmatch(r"[0-9]{1,9}", restarts) else None,
+        )
+    return {slot.name: seen.get(slot.name) or SlotState(slot, "inactive", None) for slot in slots}
 
 
 class Actuator:

@@ -132,7 +132,7 @@ class Scaler:
             if group.connection == "grpc" and role in self._latency_groups():
                 self.router_latency[role] = RouterLatency(span, min(5.0, span / 2))
         self.scrape_errors: dict[str, str] = {}  # slot -> last scrape problem (logged once)
-        self.watch = Watch(failover.host_lost_after, failover.unhealthy_after)
+        self.watch = Watch(failover.host_lost_after, failover.unhealthy_after, plan.start_timeout)
         self.known: dict[str, SlotState] = {}  # slot -> its state when its host last answered
         self.host_errors: dict[str, str] = {}  # host -> why it did not answer (last time)
         self.pending: dict[str, Pending] = {}  # slot -> the action in flight on it
@@ -584,6 +584,11 @@ class Scaler:
             if slot.host in view.fresh and not state.running:
                 self.watch.stopped(slot.name)
                 continue
+            if slot.host in view.fresh and self.watch.unit_read(slot.name, state.restarts, now):
+                self.log(
+                    f"{slot.name} on {slot.host}: systemd restarted its engine in place; it has "
+                    f"{self.plan.start_timeout} s to answer again before it is replaced"
+                )
             if (
                 slot.host not in view.fresh
                 or self.watch.off_limits(slot.name)

@@ -10,7 +10,10 @@ Two kinds of loss, each judged from a tick's observations:
   enabled, and boot with it).
 - A **replica** is unhealthy when its engine, having served, has failed its health check (or
   the router's) for ``unhealthy_after`` seconds: it is *condemned*, deregistered at once and
-  killed once its replacement serves.
+  killed once its replacement serves. One whose unit systemd *restarted in place* (its engine
+  died and came back as a new process) loads again like a start: it has ``restart_grace``
+  seconds from that restart to answer before it is condemned, not ``unhealthy_after`` from its
+  first failed check (replacing an engine that is loading again only opens a gap).
 
 Either way the group keeps a *floor*, the replicas it had: replacements (spare slots on other
 hosts) restore it without waiting on the scaling policy's delays.
@@ -26,12 +29,15 @@ from typing import Any
 class Watch:
     host_lost_after: float
     unhealthy_after: float
+    restart_grace: float
     silent_since: dict[str, float] = field(default_factory=dict)  # host -> first missed read
     lost: set[str] = field(default_factory=set)  # hosts declared lost
     fenced: set[str] = field(default_factory=set)  # slots to stop and disable before any use
     failing_since: dict[str, float] = field(default_factory=dict)  # slot -> first failed check
     served: set[str] = field(default_factory=set)  # slots whose engine answered since started
     condemned: dict[str, float] = field(default_factory=dict)  # slot -> when found unhealthy
+    restarted: dict[str, float] = field(default_factory=dict)  # slot -> first restart unanswered
+    restarts: dict[str, int] = field(default_factory=dict)  # slot -> its unit's restart count
     floor: dict[str, int] = field(default_factory=dict)  # group -> replicas to restore
 
     # -- hosts -------------------------------------------------------------------------------
@@ -73,21 +79,43 @@ class Watch:
             return None
         if answers and not router_unhealthy:
             self.failing_since.pop(slot, None)
+            self.restarted.pop(slot, None)
             self.served.add(slot)
             return None
         if slot not in self.served:
             return None
+        restarted = self.restarted.get(slot)
+        if restarted is not None:
+            return now - restarted if now - restarted >= self.restart_grace else None
         since = self.failing_since.setdefault(slot, now)
         return now - since if now - since >= self.unhealthy_after else None
+
+    def unit_read(self, slot: str, restarts: int | None, now: float) -> bool:
+        """A running slot's unit restart count (systemd's NRestarts; None: not known) as read
+        this tick. True when it moved on an engine that had served: systemd restarted the
+        engine in place (same unit, a new process), which loads again like a start. Its grace
+        counts from the first restart since it last answered: an engine that crashes over and
+        over does not earn a new one with each restart."""
+        if restarts is None:
+            return False
+        before = self.restarts.get(slot)
+        self.restarts[slot] = restarts
+        if before is None or before == restarts or slot not in self.served:
+            return False
+        self.failing_since.pop(slot, None)
+        self.restarted.setdefault(slot, now)
+        return True
 
     def condemn(self, slot: str, now: float) -> None:
         self.condemned[slot] = now
         self.failing_since.pop(slot, None)
+        self.restarted.pop(slot, None)
 
     def stopped(self, slot: str) -> None:
         """The slot's unit is down: what its engine did is history."""
         self.served.discard(slot)
         self.failing_since.pop(slot, None)
+        self.restarted.pop(slot, None)
 
     def forget(self, slot: str) -> None:
         self.stopped(slot)

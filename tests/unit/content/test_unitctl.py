@@ -95,25 +95,35 @@ def test_why_of_a_service_without_secrets_passes_the_journal_as_it_is(tmp_path: 
 def _states(
     tmp_path: Path, slots: dict[str, str], containers: dict[str, str], verb: str = "states"
 ) -> tuple[str, str]:
-    """`states` (or ``verb``) on a host whose slot files are ``slots`` (name: ActiveState) and
-    whose runtime holds ``containers`` (name: config label); its output and the stand-ins'
-    call log."""
+    """`states` (or ``verb``) on a host whose slot files are ``slots`` (name: ActiveState, or
+    "ActiveState NRestarts") and whose runtime holds ``containers`` (name: config label); its
+    output and the stand-ins' call log. The stand-in systemctl writes each unit's block as
+    systemd does, NRestarts before ActiveState on odd restart counts (systemd orders a block's
+    names its own way)."""
     service_dir = _config_dir(tmp_path)
     for name in slots:
         (service_dir / f"{name}.env").write_text("")
     (service_dir / "decode.env").write_text("")  # the group's file, no slot
+
+    def block(value: str) -> str:
+        state, _, restarts = value.partition(" ")
+        lines = [f"ActiveState={state}", f"NRestarts={restarts or 0}"]
+        if restarts and int(restarts) % 2:
+            lines.reverse()
+        return "\\n".join(lines) + "\\n\\n"
+
     calls = tmp_path / "calls.log"
     cases = "".join(
         f"        pd-svc-{name.rsplit('-', 1)[0]}@{name.rsplit('-', 1)[1]}.service) "
-        f"printf '%s\\n\\n' {state} ;;\n"
+        f"printf '{block(state)}' ;;\n"
         for name, state in slots.items()
         if name.rsplit("-", 1)[1].isdigit()  # systemd could name no other unit
     )
     listing = "".join(f"{name} {label}\n" for name, label in containers.items())
     tools = {
-        "systemctl": f'#!/bin/sh\necho "systemctl $*" >> {calls}\nshift 3\n'
+        "systemctl": f'#!/bin/sh\necho "systemctl $*" >> {calls}\nshift 2\n'
         f'for unit; do\n    case "$unit" in\n{cases}'
-        "        *) printf 'inactive\\n\\n' ;;\n    esac\ndone\n",
+        "        *) printf 'ActiveState=inactive\\nNRestarts=0\\n\\n' ;;\n    esac\ndone\n",
         "podman": f'#!/bin/sh\necho "podman $*" >> {calls}\nprintf %s "{listing}"\n',
     }
     out = _unitctl(tmp_path, tools, verb)
@@ -121,23 +131,24 @@ def _states(
 
 
 def test_states_reads_every_slot_with_one_systemctl_and_one_runtime_call(tmp_path: Path) -> None:
-    slots = {"prefill-1": "active", "prefill-2": "inactive", "decode-1": "activating"}
+    slots = {"prefill-1": "active 3", "prefill-2": "inactive", "decode-1": "activating 12"}
     containers = {"pd-svc-prefill-1": "90c54fb38083", "pd-svc-decode-1": "7f4808c3d7b9"}
     out, calls = _states(tmp_path, slots, containers)
     assert sorted(out.splitlines()) == [
-        "decode 1 activating 7f4808c3d7b9",
-        "prefill 1 active 90c54fb38083",
-        "prefill 2 inactive -",
+        "decode 1 activating 7f4808c3d7b9 12",
+        "prefill 1 active 90c54fb38083 3",
+        "prefill 2 inactive - 0",
     ]
     assert [line.split()[0] for line in calls.splitlines()] == ["podman", "systemctl"]
     assert "label=pdctl.service=svc" in calls
+    assert "--property=ActiveState,NRestarts" in calls
 
 
 def test_unit_states_reads_systemd_alone_and_gives_no_label(tmp_path: Path) -> None:
-    slots = {"prefill-1": "active", "decode-1": "failed"}
+    slots = {"prefill-1": "active", "decode-1": "failed 5"}
     containers = {"pd-svc-prefill-1": "90c54fb38083"}
     out, calls = _states(tmp_path, slots, containers, verb="unit-states")
-    assert sorted(out.splitlines()) == ["decode 1 failed -", "prefill 1 active -"]
+    assert sorted(out.splitlines()) == ["decode 1 failed - 5", "prefill 1 active - 0"]
     assert [line.split()[0] for line in calls.splitlines()] == ["systemctl"]
 
 
@@ -147,4 +158,4 @@ def test_states_of_a_host_without_slots_calls_nothing(tmp_path: Path) -> None:
 
 def test_states_skips_a_slot_file_whose_index_is_not_a_number(tmp_path: Path) -> None:
     out, _ = _states(tmp_path, {"decode-1": "active", "decode-x y": "active"}, {})
-    assert out.splitlines() == ["decode 1 active -"]
+    assert out.splitlines() == ["decode 1 active - 0"]

@@ -70,7 +70,7 @@ def test_the_spec_sets_the_scalers_failover_timings() -> None:
 
 
 def test_a_host_is_lost_only_when_its_engines_are_silent_too_and_another_host_answers() -> None:
-    watch = Watch(host_lost_after=5, unhealthy_after=3)
+    watch = Watch(host_lost_after=5, unhealthy_after=3, restart_grace=60)
     assert not watch.host_silent("h", 0, engines_answer=False, others=True)
     assert not watch.host_silent("h", 4, engines_answer=False, others=True)  # grace
     assert not watch.host_silent("h", 6, engines_answer=True, others=True)  # only sshd is down
@@ -83,13 +83,13 @@ def test_a_host_is_lost_only_when_its_engines_are_silent_too_and_another_host_an
     assert watch.off_limits("decode/1")  # until stopped and disabled there
     watch.unfence("decode/1")
     assert not watch.off_limits("decode/1")
-    again = Watch(5, 3)
+    again = Watch(5, 3, 60)
     again.restore(watch.to_dict())
     assert again.fenced == {"prefill/2"}
 
 
 def test_a_replica_is_condemned_after_failing_once_it_has_served() -> None:
-    watch = Watch(host_lost_after=5, unhealthy_after=3)
+    watch = Watch(host_lost_after=5, unhealthy_after=3, restart_grace=60)
     assert watch.replica("d/1", 0, answers=False, router_unhealthy=False) is None  # starting
     assert watch.replica("d/1", 1, answers=True, router_unhealthy=False) is None
     assert watch.replica("d/1", 2, answers=False, router_unhealthy=False) is None
@@ -104,8 +104,31 @@ def test_a_replica_is_condemned_after_failing_once_it_has_served() -> None:
     assert not watch.off_limits("d/1") and "d/1" not in watch.served
 
 
+def test_an_engine_restarted_in_place_has_the_grace_from_its_first_restart() -> None:
+    watch = Watch(host_lost_after=5, unhealthy_after=3, restart_grace=60)
+    assert not watch.unit_read("d/1", 0, 0)  # the first read: nothing to compare
+    assert watch.replica("d/1", 0, answers=True, router_unhealthy=False) is None
+    assert watch.replica("d/1", 1, answers=False, router_unhealthy=False) is None
+    assert not watch.unit_read("d/1", None, 2)  # a host whose unitctl gives no count
+    assert watch.unit_read("d/1", 1, 2)  # systemd restarted it
+    assert watch.replica("d/1", 10, answers=False, router_unhealthy=False) is None  # loading
+    assert watch.unit_read("d/1", 2, 20)  # it crashed again: the grace still runs from 2 s
+    assert watch.replica("d/1", 61, answers=True, router_unhealthy=True) is None
+    assert watch.replica("d/1", 62, answers=True, router_unhealthy=True) == 60
+    watch.condemn("d/1", 62)
+    assert "d/1" not in watch.restarted
+    # one that answers again (router included) is an ordinary replica once more
+    assert watch.replica("d/2", 0, answers=True, router_unhealthy=False) is None
+    assert watch.unit_read("d/2", 4, 0) is False and watch.unit_read("d/2", 5, 1)
+    assert watch.replica("d/2", 8, answers=True, router_unhealthy=False) is None
+    assert watch.replica("d/2", 9, answers=False, router_unhealthy=False) is None
+    assert watch.replica("d/2", 12, answers=False, router_unhealthy=False) == 3
+    # a slot that never served: the start timeout judges it, a restart changes nothing
+    assert watch.unit_read("d/3", 0, 0) is False and watch.unit_read("d/3", 1, 1) is False
+
+
 def test_a_lost_replica_counts_until_its_replacement_does() -> None:
-    watch = Watch(5, 3)
+    watch = Watch(5, 3, 60)
     watch.hold_floor("decode", 2)
     assert watch.members("decode", 1) == 2  # like a replica still loading: no second start
     watch.settle("decode", 1)  # the policy went down to 1 meanwhile

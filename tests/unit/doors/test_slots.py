@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.scaler.world import Keys, World, make_keys, make_world
+from pdctl.core.plan import Slot
+from pdctl.doors.slots import SlotState, parse_states
+from tests.unit.scaler.world import Keys, World, fast_plan, make_keys, make_world
 
 
 @pytest.fixture
@@ -60,3 +62,29 @@ def test_a_registration_and_a_removal_reach_every_router(tmp_path: Path) -> None
         assert time.monotonic() - started < 10 * world.plan.failover.probe_timeout + 5
         assert any("another router was not told of it" in line for line in said), said
         assert any("another router was not asked to let go of it" in line for line in said), said
+
+
+def test_states_lines_give_each_slot_its_state_label_and_restart_count() -> None:
+    """What a host's pdctl-unitctl printed is data: a line that is not a slot's, or a count
+    that is not a plain number, changes nothing; an older unitctl's four words still read."""
+    plan = fast_plan()
+    slots = [s for s in plan.slots() if s.host == "gpu1"]
+    names = sorted(s.name for s in slots)
+    first, second = (n.split("/") for n in names)
+    output = (
+        f"{first[0]} {first[1]} active 90c54fb38083 3\n"
+        f"{second[0]} {second[1]} activating - \N{SUPERSCRIPT TWO}\n"
+        "decode 99 active - 1\n"  # no such slot on this host
+        "nonsense\n"
+    )
+    states = parse_states(output, slots)
+    assert states[names[0]] == SlotState(slots_by(slots, names[0]), "active", "90c54fb38083", 3)
+    assert states[names[1]].restarts is None and states[names[1]].running
+    assert parse_states(f"{first[0]} {first[1]} failed -\n", slots)[names[0]] == SlotState(
+        slots_by(slots, names[0]), "failed", None, None
+    )
+    assert parse_states("", slots)[names[1]].active == "inactive"
+
+
+def slots_by(slots: list[Slot], name: str) -> Slot:
+    return next(s for s in slots if s.name == name)

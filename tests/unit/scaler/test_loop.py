@@ -335,3 +335,29 @@ def test_a_hung_worker_is_replaced_first_then_killed(world: World) -> None:
     # few ticks more
     assert replaced < 15, replaced
     assert world.registered("prefill") == {"prefill/1"}  # the other group untouched
+
+
+def test_a_worker_systemd_restarted_in_place_is_given_its_start_timeout_not_replaced(
+    world: World,
+) -> None:
+    """An engine that died and came back in its own unit loads again: replacing it after
+    unhealthy_after would take the group's only replica out of the router just as it serves."""
+    ticks = Ticks(world)
+    ticks.until("the deployed replicas to be known healthy", lambda: settled(world), 20)
+    for _ in range(3):
+        ticks.one()
+    decode = world.unit("decode/1")
+    host = world.hosts[decode.slot.host]
+    host.restart_in_place(decode, after=4 * world.plan.failover.unhealthy_after)
+    ticks.until("decode/1 answering again", lambda: decode.port is not None, 20)
+    ticks.until("decode/1 known healthy again", lambda: settled(world), 20)
+    for _ in range(10):
+        ticks.one()
+    assert world.registered("decode") == {"decode/1"}, world.logged
+    assert world.unit("decode/2").state == "inactive"  # no spare started
+    assert not [line for line in world.logged if "unhealthy" in line], world.logged
+    restarted = [line for line in world.logged if "systemd restarted its engine" in line]
+    assert restarted == [
+        f"decode/1 on {decode.slot.host}: systemd restarted its engine in place; it has "
+        f"{world.plan.start_timeout} s to answer again before it is replaced"
+    ]

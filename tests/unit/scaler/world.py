@@ -82,6 +82,7 @@ class Unit:
     enabled: bool = False
     process: subprocess.Popen[str] | None = None
     port: int | None = None
+    restarts: int = 0  # systemd's NRestarts
 
 
 class WorkerHost(paramiko.ServerInterface):
@@ -155,7 +156,10 @@ class WorkerHost(paramiko.ServerInterface):
         verb, args = words[2], words[3:]
         if verb in {"states", "unit-states"}:  # the stand-in runs no container: no label
             with self.lock:
-                lines = [f"{u.slot.group} {u.slot.index} {u.state} -" for u in self.units.values()]
+                lines = [
+                    f"{u.slot.group} {u.slot.index} {u.state} - {u.restarts}"
+                    for u in self.units.values()
+                ]
             return 0, "".join(f"{line}\n" for line in lines)
         unit = self.units[f"{args[0]}/{args[1]}"]
         if verb == "start":
@@ -187,6 +191,18 @@ class WorkerHost(paramiko.ServerInterface):
             assert process.stdout is not None
             unit.port = int(process.stdout.readline())
             unit.process, unit.state = process, "active"
+
+    def restart_in_place(self, unit: Unit, after: float) -> None:
+        """What systemd's Restart=on-failure does with an engine that died: the unit stays up
+        (activating), its restart count moves, and a new process answers ``after`` seconds
+        later (systemd's RestartSec and the engine's load)."""
+        with self.lock:
+            assert unit.process is not None
+            unit.process.kill()
+            unit.process.wait(10)
+            unit.process, unit.port, unit.state = None, None, "activating"
+            unit.restarts += 1
+        threading.Timer(after, self.start, (unit,)).start()
 
     def kill(self, unit: Unit) -> None:
         with self.lock:
