@@ -7,7 +7,10 @@ When this host holds the failover address, its keepalived stops first: it gives 
 at once (a priority-0 advert) and a backup takes it. Then the router restarts and must answer
 URL/health within TIMEOUT seconds. It comes back knowing no worker: without SMG's mesh
 (MESH=0) this registers WORKERS again (stdin: a JSON list of POST /workers bodies, the plan's
-registrations) with the API key in ENV_FILE; with it (MESH=1) the mesh gives them back. Either
+registrations) with the API key in ENV_FILE; with it (MESH=1) the mesh gives them back.
+MESH=first is the first router of a service turning the mesh on: no other router runs meshed
+yet, so it registers them too when it served before (a new service's routers get them from the
+pd_router role's registration, through one router, once all run). Either
 way, a router that was ready before must be ready again (URL/readiness) within TIMEOUT: the
 next router's restart may hand it the address. keepalived starts again last, and joins as
 backup. KEEPALIVED_UNIT and FAILOVER_ADDRESS are "-" without a failover address. Prints one
@@ -96,6 +99,11 @@ def wait(predicate: Callable[[], bool], seconds: float) -> bool:
     return predicate()
 
 
+def registers_itself(mesh: str, was_ready: bool) -> bool:
+    """Whether the restarted router gets its workers from this script (MESH, see above)."""
+    return mesh == "0" or (mesh == "first" and was_ready)
+
+
 def main(argv: list[str], workers: list[dict[str, object]]) -> int:
     unit, keepalived, address, url, timeout, mesh, env_file = argv
     budget = float(timeout)
@@ -110,7 +118,7 @@ def main(argv: list[str], workers: list[dict[str, object]]) -> int:
         wait(lambda: not holds(address) and status(on_address) == 200, 10)
     run(["systemctl", "restart", unit], STOP_TIMEOUT + budget, check=True)
     healthy = wait(lambda: status(f"{url}/health") == 200, budget)
-    if healthy and mesh != "1" and workers:
+    if healthy and workers and registers_itself(mesh, was_ready):
         done["refused"] = register(url, workers, api_key(env_file))
     ready = healthy and (not was_ready or wait(lambda: status(f"{url}/readiness") == 200, budget))
     if handover:

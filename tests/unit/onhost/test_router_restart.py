@@ -39,3 +39,12 @@ def test_a_refused_worker_is_named(router: RouterStandIn) -> None:
     assert refused == [w["url"] for w in workers]
     assert router.urls() == set()
     assert router_restart.register("file:///etc/passwd", workers, "the-key") == refused
+
+
+def test_only_a_router_no_meshed_peer_can_fill_registers_its_workers_itself() -> None:
+    assert router_restart.registers_itself("0", was_ready=False)
+    assert not router_restart.registers_itself("1", was_ready=True)  # the mesh gives them
+    # the first router of a service turning the mesh on: nobody else runs meshed yet
+    assert router_restart.registers_itself("first", was_ready=True)
+    # ... but a router that never served is a new service's: the role registers through one
+    assert not router_restart.registers_itself("first", was_ready=False)
