@@ -11,15 +11,19 @@ so a host that loaded one image loads only the other's last layer), the engine's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
 import json
 import marshal
+import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,14 +171,23 @@ def _digest(rootfs: Path, spec: WorkerImage, wheels: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+# Each change to what goes into the images (a stand-in, a recipe, a wheel) makes a new cache
+# directory of about 150 MB: one that no lab has used for this long is removed. Not at once:
+# another checkout's lab may be loading its images right now.
+UNUSED_IMAGES_KEPT = 24 * 3600.0
+
+
 def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
     """The directory holding every worker image's archive (IMAGES), built when missing."""
     wheels = worker_tree.wheels_for(wheelhouse, GRPC_STANDIN_PACKAGES)
     key = hashlib.sha256("".join(_digest(rootfs, s, wheels) for s in IMAGES).encode())
     target = cache_dir() / "images" / key.hexdigest()[:16]
-    if all((target / spec.archive_name).is_file() for spec in IMAGES):
-        return target
     images = target.parent
+    if all((target / spec.archive_name).is_file() for spec in IMAGES):
+        with contextlib.suppress(OSError):  # a cache this user may read, not write: kept as is
+            os.utime(target)  # in use: kept
+            prune_images(images, target, time.time())
+        return target
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images) as tmp:
         base, shared = Path(tmp) / "base.tar", Path(tmp) / "shared.tar"
@@ -188,7 +201,27 @@ def ensure_images(rootfs: Path, wheelhouse: Path) -> Path:
         target.mkdir(exist_ok=True)
         for spec in IMAGES:
             (Path(tmp) / spec.archive_name).replace(target / spec.archive_name)
+    prune_images(images, target, time.time())
     return target
+
+
+def prune_images(images: Path, current: Path, now: float) -> list[Path]:
+    """Remove the image caches under ``images`` (a left-over build's directory included) that
+    were last used more than UNUSED_IMAGES_KEPT before ``now``; ``current`` stays. What went."""
+    removed = []
+    for entry in sorted(images.iterdir()):
+        try:
+            stale = (
+                entry != current
+                and entry.is_dir()
+                and entry.stat().st_mtime < now - UNUSED_IMAGES_KEPT
+            )
+        except OSError:  # removed meanwhile by another lab's prune
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def _info(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -243,3 +245,25 @@ def test_each_module_goes_in_with_the_bytecode_its_python_loads_without_compilin
         check=True,
     )
     assert f"code object from '{tmp_path / 'image' / compiled}'" in run.stderr
+
+
+def test_image_caches_no_lab_used_for_a_day_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDCTL_CACHE", str(tmp_path / "cache"))
+    images = tmp_path / "cache" / "images"
+    day = image.UNUSED_IMAGES_KEPT
+    ages = {"old": day + 60, "recent": day - 60, "tmpabc": day * 2}  # tmp*: a build cut short
+    for name, age in ages.items():
+        (images / name).mkdir(parents=True)
+        (images / name / "sglang-rocm-lab.tar").write_bytes(b"x")
+        stamp = time.time() - age
+        os.utime(images / name, (stamp, stamp))
+    wheels = _fake_wheelhouse(tmp_path / "wheels")
+    folder = image.ensure_images(_fake_rootfs(tmp_path / "rootfs"), wheels)
+    assert sorted(p.name for p in images.iterdir()) == sorted([folder.name, "recent"])
+    # the current one is kept however old, and using it makes it recent again
+    os.utime(folder, (0, 0))
+    assert image.ensure_images(tmp_path / "rootfs", wheels) == folder
+    assert folder.stat().st_mtime > time.time() - 60
+    assert image.prune_images(images, folder, time.time() + 2 * day) == [images / "recent"]
