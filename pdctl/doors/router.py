@@ -143,7 +143,8 @@ class Router:
         return [
             Worker(
                 id=str(w.get("id")),
-                url=str(w.get("url")),
+                # SMG may list a worker's URL with a slash at the end; a plan's never has one
+                url=str(w.get("url")).rstrip("/"),
                 worker_type=str(w.get("worker_type")),
                 status=str(w.get("status") or ""),
                 healthy=bool(w.get("is_healthy")),
@@ -195,7 +196,7 @@ class Router:
         return missed
 
     def find(self, url: str) -> Worker | None:
-        return next((w for w in self.workers() if w.url.rstrip("/") == url.rstrip("/")), None)
+        return next((w for w in self.workers() if w.url == url.rstrip("/")), None)
 
     def ready(self) -> bool:
         try:

@@ -293,7 +293,7 @@ class Actuator:
         urls = {slot.url for slot in slots}
         deadline = time.monotonic() + timeout
         while urls and time.monotonic() < deadline:
-            if any(w.healthy and w.url.rstrip("/") in urls for w in self.router.workers()):
+            if any(w.healthy and w.url in urls for w in self.router.workers()):
                 return True
             time.sleep(HEALTH_POLL)
         return False
@@ -305,18 +305,18 @@ class Actuator:
     def deregister_all(self, slots: list[Slot], drain_timeout: float = 60.0) -> None:
         """Remove every one of ``slots`` from the router, then wait until it has let go of
         them all: they drain side by side, so the wait is one drain, not one per worker."""
-        listed = {w.url.rstrip("/"): w for w in self.router.workers()}
+        listed = {w.url: w for w in self.router.workers()}
         leaving = set()
         for slot in slots:
-            worker = listed.get(slot.url.rstrip("/"))
+            worker = listed.get(slot.url)
             if worker is not None:
                 self.router.remove_worker(worker.id)
-                leaving.add(slot.url.rstrip("/"))
+                leaving.add(slot.url)
             for missed in self.router.remove_from_peers(slot.url):
                 self.log(f"{slot.name}: another router was not asked to let go of it ({missed})")
         deadline = time.monotonic() + drain_timeout
         while leaving and time.monotonic() < deadline:
-            leaving &= {w.url.rstrip("/") for w in self.router.workers()}
+            leaving &= {w.url for w in self.router.workers()}
             if leaving:
                 time.sleep(0.5)
 

@@ -32,8 +32,8 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
             if services.scaler_unit(handle, "stop"):  # else it would register the workers again
                 progress("stopped the scaler")
             _release_gpus(handle, progress)
-            listed = {worker.url.rstrip("/") for worker in handle.router.workers()}
-            registered = [s for s in plans[0].slots() if s.url.rstrip("/") in listed]
+            listed = {worker.url for worker in handle.router.workers()}
+            registered = [s for s in plans[0].slots() if s.url in listed]
             if registered:
                 names = [slot.name for slot in registered]
                 progress(f"deregistering and draining {', '.join(names)}")

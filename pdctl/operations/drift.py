@@ -322,6 +322,6 @@ def save_record(
 
 def registered_urls(handle: services.Handle) -> set[str] | None:
     try:
-        return {w.url.rstrip("/") for w in handle.router.workers()}
+        return {w.url for w in handle.router.workers()}
     except PdctlError:
         return None

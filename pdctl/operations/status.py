@@ -55,7 +55,7 @@ def status(session: Session, name: str) -> StatusResult:
         try:
             if handle.router_problem:
                 raise HostError(handle.router_problem)
-            workers = {w.url.rstrip("/"): w for w in handle.router.workers()}
+            workers = {w.url: w for w in handle.router.workers()}
             router_state = "ready" if handle.router.ready() else "not ready"
         except PdctlError as exc:
             workers, router_state = {}, f"unreachable: {exc.message}"

@@ -253,7 +253,7 @@ class Scaler:
         if not workers_answer.ok or workers_answer.value is None:
             self.log(f"router unavailable: {_why(workers_answer)}; holding")
             return None
-        workers = {w.url.rstrip("/"): w for w in workers_answer.value}
+        workers = {w.url: w for w in workers_answer.value}
         states: dict[str, SlotState] = {}
         fresh: set[str] = set()
         errors: dict[str, str] = {}

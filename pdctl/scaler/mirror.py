@@ -82,7 +82,7 @@ class Mirror:
             if answer.answered:
                 self.reads.forget(where)
             if answer.ok and answer.value is not None:
-                found[where] = {w.url.rstrip("/"): w for w in answer.value}
+                found[where] = {w.url: w for w in answer.value}
                 if where in self.silent:
                     self.silent.discard(where)
                     self.log(f"router {where} answers again")

@@ -88,3 +88,17 @@ def test_states_lines_give_each_slot_its_state_label_and_restart_count() -> None
 
 def slots_by(slots: list[Slot], name: str) -> Slot:
     return next(s for s in slots if s.name == name)
+
+
+def test_a_worker_listed_with_a_slash_at_the_end_is_the_slots_worker(world: World) -> None:
+    """SMG may list a URL as posted, "/" at the end included: the router door gives every
+    reader the plan's form, so status, drift, destroy and the scaler all match it."""
+    slot = next(s for s in world.plan.slots() if s.url in world.router.urls())
+    with world.router.lock:
+        listed = next(w for w in world.router.workers.values() if w["url"] == slot.url)
+        listed["url"] = slot.url + "/"
+    assert slot.url in {w.url for w in world.scaler.router.workers()}
+    found = world.scaler.router.find(slot.url)
+    assert found is not None and found.id == listed["id"]
+    world.scaler.actuator.deregister_all([slot], drain_timeout=5.0)
+    assert listed["id"] not in world.router.workers  # found, removed, and waited for
