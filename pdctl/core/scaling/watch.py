@@ -36,7 +36,9 @@ class Watch:
     failing_since: dict[str, float] = field(default_factory=dict)  # slot -> first failed check
     served: set[str] = field(default_factory=set)  # slots whose engine answered since started
     condemned: dict[str, float] = field(default_factory=dict)  # slot -> when found unhealthy
-    restarted: dict[str, float] = field(default_factory=dict)  # slot -> first restart unanswered
+    restarted_since: dict[str, float] = field(
+        default_factory=dict
+    )  # slot -> first restart unanswered
     restarts: dict[str, int] = field(default_factory=dict)  # slot -> its unit's restart count
     floor: dict[str, int] = field(default_factory=dict)  # group -> replicas to restore
 
@@ -78,13 +80,12 @@ class Watch:
         if answers is None:
             return None
         if answers and not router_unhealthy:
-            self.failing_since.pop(slot, None)
-            self.restarted.pop(slot, None)
+            self._no_failure(slot)
             self.served.add(slot)
             return None
         if slot not in self.served:
             return None
-        restarted = self.restarted.get(slot)
+        restarted = self.restarted_since.get(slot)
         if restarted is not None:
             return now - restarted if now - restarted >= self.restart_grace else None
         since = self.failing_since.setdefault(slot, now)
@@ -103,19 +104,22 @@ class Watch:
         if before is None or before == restarts or slot not in self.served:
             return False
         self.failing_since.pop(slot, None)
-        self.restarted.setdefault(slot, now)
+        self.restarted_since.setdefault(slot, now)
         return True
 
     def condemn(self, slot: str, now: float) -> None:
         self.condemned[slot] = now
-        self.failing_since.pop(slot, None)
-        self.restarted.pop(slot, None)
+        self._no_failure(slot)
 
     def stopped(self, slot: str) -> None:
         """The slot's unit is down: what its engine did is history."""
         self.served.discard(slot)
+        self._no_failure(slot)
+
+    def _no_failure(self, slot: str) -> None:
+        """Whatever the slot's engine was failing (checks, or answering after a restart) is over."""
         self.failing_since.pop(slot, None)
-        self.restarted.pop(slot, None)
+        self.restarted_since.pop(slot, None)
 
     def forget(self, slot: str) -> None:
         self.stopped(slot)

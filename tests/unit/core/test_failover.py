@@ -116,7 +116,7 @@ def test_an_engine_restarted_in_place_has_the_grace_from_its_first_restart() -> 
     assert watch.replica("d/1", 61, answers=True, router_unhealthy=True) is None
     assert watch.replica("d/1", 62, answers=True, router_unhealthy=True) == 60
     watch.condemn("d/1", 62)
-    assert "d/1" not in watch.restarted
+    assert "d/1" not in watch.restarted_since
     # one that answers again (router included) is an ordinary replica once more
     assert watch.replica("d/2", 0, answers=True, router_unhealthy=False) is None
     assert watch.unit_read("d/2", 4, 0) is False and watch.unit_read("d/2", 5, 1)

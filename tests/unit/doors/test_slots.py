@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.core.plan import Slot
 from pdctl.doors.slots import SlotState, parse_states
 from tests.unit.scaler.world import Keys, World, fast_plan, make_keys, make_world
 
@@ -77,17 +76,14 @@ def test_states_lines_give_each_slot_its_state_label_and_restart_count() -> None
         "decode 99 active - 1\n"  # no such slot on this host
         "nonsense\n"
     )
+    by_name = {s.name: s for s in slots}
     states = parse_states(output, slots)
-    assert states[names[0]] == SlotState(slots_by(slots, names[0]), "active", "90c54fb38083", 3)
+    assert states[names[0]] == SlotState(by_name[names[0]], "active", "90c54fb38083", 3)
     assert states[names[1]].restarts is None and states[names[1]].running
     assert parse_states(f"{first[0]} {first[1]} failed -\n", slots)[names[0]] == SlotState(
-        slots_by(slots, names[0]), "failed", None, None
+        by_name[names[0]], "failed", None, None
     )
     assert parse_states("", slots)[names[1]].active == "inactive"
-
-
-def slots_by(slots: list[Slot], name: str) -> Slot:
-    return next(s for s in slots if s.name == name)
 
 
 def test_a_worker_listed_with_a_slash_at_the_end_is_the_slots_worker(world: World) -> None:
