@@ -3,7 +3,9 @@
 A lab's id picks its bridge (pdlab<id>), subnet (10.77.<id>.0/24) and the
 names of its namespaces and veths. /run/pdctl-lab/<id> points at the lab
 directory that owns the id. An id whose owner is gone (its lab.json deleted,
-or all its hosts dead after a crash) is swept and reused.
+or all its hosts dead after a crash) is swept and reused, but ids go round:
+a new lab takes the next free id after the last one claimed, so a lab that
+starts while another goes down never takes the id (and names) just let go.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pdctl.core.errors import EnvironmentProblem
 
 REGISTRY = Path("/run/pdctl-lab")
 MAX_LABS = 64
+_LAST = ".last-claimed"
 
 
 @contextlib.contextmanager
@@ -34,14 +37,22 @@ def owner(lab_id: int) -> Path | None:
 
 def claim(lab_id: int, lab_dir: Path) -> None:
     (REGISTRY / str(lab_id)).write_text(str(lab_dir))
+    (REGISTRY / _LAST).write_text(str(lab_id))
 
 
 def release(lab_id: int) -> None:
     (REGISTRY / str(lab_id)).unlink(missing_ok=True)
 
 
+def _last_claimed() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int((REGISTRY / _LAST).read_text().strip()) % MAX_LABS
+    return MAX_LABS - 1
+
+
 def free_id(in_use: set[int]) -> int:
-    for lab_id in range(MAX_LABS):
+    after = _last_claimed() + 1
+    for lab_id in ((after + step) % MAX_LABS for step in range(MAX_LABS)):
         if lab_id not in in_use and not (REGISTRY / str(lab_id)).exists():
             return lab_id
     raise EnvironmentProblem(
