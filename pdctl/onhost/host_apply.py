@@ -496,6 +496,9 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
         "reloaded": reload,
         "reset": [u for u in start if states.get(u) == "failed"],
         "started": [u for u in start if states.get(u) != "active"],
+        # What runs once the step is done: the units it starts and those already running
+        # (a scaler may have started some); what the router registers.
+        "active": sorted(set(start) | {u for u, state in states.items() if state == "active"}),
         "restarted": [
             u
             for u, paths in restart.items()

@@ -63,6 +63,10 @@ started:
   description: The units started (check mode, that would be).
   type: list
   returned: always
+active:
+  description: The units running once the step is done (those it starts and those already running).
+  type: list
+  returned: always
 health:
   description: Each waited unit's last probe (status, state, restarts, journal, probes).
   type: list

@@ -252,6 +252,21 @@ def test_unset_secret_fails_before_any_change(deployment: Deployment) -> None:
         assert "pd-" not in deployment.root(node, "ls /etc/systemd/system")
 
 
+def test_a_host_failing_a_preflight_check_stops_the_deploy_before_any_change(
+    deployment: Deployment,
+) -> None:
+    """deploy.yml's gate: the probe fails on its report, saying each failed check by host."""
+    run = deployment.playbook("deploy.yml", "-e", "pd_preflight_expected_gpus=9")
+    assert run.rc != 0
+    for worker in deployment.plan["pd_worker_hosts"]:
+        assert re.search(rf"{re.escape(worker)}: \S+ lists 8 GPUs, expected 9", run.output), (
+            run.output[-3000:]
+        )
+    assert "Run the prefill and decode workers" not in run.output
+    for node in (deployment.router, *deployment.workers):
+        assert deployment.root(node, "ls /etc/pdctl /opt/pdctl 2>&1; true").count("No such") == 2
+
+
 def test_first_deploy_changes_every_host_and_second_changes_nothing(
     deployment: Deployment,
 ) -> None:

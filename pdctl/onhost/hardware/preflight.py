@@ -14,7 +14,7 @@ request on stdin, built by the role's task from its variables:
 
 It prints ``{"ok", "checks", "facts"}`` (one dict per check: name, ok, message, skipped), or
 exits 2 with ``{"error"}`` when the request is not one. A failed check is no failure of the
-run: the role asserts on ``ok`` with every failed check's message.
+run: the role gates on ``ok``, and every failed check's message is on stderr, one per line.
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ def main() -> int:
     checks = evaluate(host, raw, expect)
     doc = {"ok": all(c.ok for c in checks), "checks": [c.to_dict() for c in checks]}
     sys.stdout.write(json.dumps({**doc, "facts": facts(raw)}) + "\n")
+    # What a run that gates on the report shows as its failure (the deploy's gate: its task
+    # fails on "ok" and says its stderr): each failed check's message, one per line.
+    sys.stderr.write("".join(f"{c.message}\n" for c in checks if not c.ok))
     return 0
 
 
