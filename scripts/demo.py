@@ -52,6 +52,25 @@ def chat(endpoint: str, key: str, text: str) -> str:
         return str(json.loads(response.read())["choices"][0]["message"]["content"])
 
 
+def forget_an_earlier_labs_hosts(lab_addresses: set[str]) -> None:
+    """This workspace's fleet `lab` may list the hosts of an earlier demo's lab, booted under
+    other addresses (another lab held its id then): they are gone for good, and the preflight
+    would look for them (each host checks that it reaches the others)."""
+    proc = subprocess.run(
+        [PDCTL, "--json", "fleet", "show", "lab"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return  # no fleet `lab` yet
+    hosts = json.loads(proc.stdout)["hosts"]
+    gone = [f"--host={h['name']}" for h in hosts if h["address"] not in lab_addresses]
+    if gone:
+        step("Forget the hosts of an earlier lab", "fleet", "remove", "lab", *gone, "--force", "-y")
+
+
 def wait_running(group: str, count: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -81,6 +100,7 @@ def main() -> None:
     step(
         "SSH into a GPU host and list its RDMA devices", "lab", "ssh", "node2", "--", "ibv_devices"
     )
+    forget_an_earlier_labs_hosts({h["address"] for h in status["hosts"]})
     # --repin: a lab booted anew (after `lab down`) has new host keys; this workspace's fleet
     # `lab` may still pin the old ones from an earlier demo.
     step(

@@ -208,7 +208,7 @@ def _claim(lab: Lab, base: str) -> LabState:
     if mine is not None and registry.owner(mine.lab_id) not in {None, lab.dir}:
         mine = None  # our old id went to another workspace: start afresh
     if mine is None:
-        mine = LabState(lab_id=registry.free_id(set()))
+        mine = LabState(lab_id=registry.free_id(set(), lab.dir))
     registry.claim(mine.lab_id, lab.dir)
     mine.rootfs = base
     lab.save(mine)

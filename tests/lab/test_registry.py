@@ -30,6 +30,26 @@ def test_a_released_id_is_not_the_next_one_given() -> None:
     assert registry.claimed_ids() == [0, 2, 3]
 
 
+def test_a_workspace_whose_lab_comes_up_again_gets_its_id_back() -> None:
+    """Its fleet's inventory still holds the addresses the id gave its hosts."""
+    assert [_claim_next(f"/labs/{n}") for n in range(3)] == [0, 1, 2]
+    registry.release(1)
+    registry.release(2)
+    assert registry.free_id(set(), Path("/labs/1")) == 1
+    assert registry.free_id(set(), Path("/labs/2")) == 2
+    assert registry.free_id(set(), Path("/labs/new")) == 3
+
+
+def test_once_every_free_id_was_let_go_of_a_new_lab_goes_on_round() -> None:
+    for lab_id in range(registry.MAX_LABS):
+        registry.claim(lab_id, Path(f"/labs/{lab_id}"))
+    for lab_id in (5, 9):
+        registry.release(lab_id)
+    registry.claim(7, Path("/labs/7"))  # the last one claimed: the round goes on after it
+    assert registry.free_id(set(), Path("/labs/new")) == 9
+    assert registry.free_id(set(), Path("/labs/5")) == 5
+
+
 def test_ids_wrap_round_and_skip_those_held() -> None:
     registry.claim(1, Path("/labs/held"))
     registry.claim(registry.MAX_LABS - 1, Path("/labs/last"))
