@@ -447,6 +447,13 @@ def wait_healthy(
     return [results[t["unit"]] for t in units]
 
 
+def serving(active: list[str], health: list[dict[str, Any]]) -> list[str]:
+    """The active units less those systemd gave up on while waited for: a router that
+    registered one would wait for its readiness in vain, and the deploy fails on it anyway."""
+    gave_up = {h["unit"] for h in health if h.get("state") == "failed"}
+    return [u for u in active if u not in gave_up]
+
+
 def _wait_targets(request: dict[str, Any]) -> list[dict[str, str]]:
     targets = []
     for target in (request.get("wait") or {}).get("units") or []:
@@ -497,7 +504,8 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
         "reset": [u for u in start if states.get(u) == "failed"],
         "started": [u for u in start if states.get(u) != "active"],
         # What runs once the step is done: the units it starts and those already running
-        # (a scaler may have started some); what the router registers.
+        # (a scaler may have started some), less those that fail the wait; what the router
+        # registers.
         "active": sorted(set(start) | {u for u, state in states.items() if state == "active"}),
         "restarted": [
             u
@@ -540,6 +548,7 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
             probe_timeout=float(wait.get("probe_timeout", 5)),
         )
         sick = [h for h in health if h.get("status") != 200]
+        report["active"] = serving(report["active"], health)
         if sick:
             report["failed"] = True
             report["msg"] = "\n".join(_unhealthy(h) for h in sick)

@@ -172,6 +172,18 @@ def test_wait_probes_every_unit_until_healthy_or_failed() -> None:
     ]
 
 
+def test_a_unit_systemd_gave_up_on_is_not_reported_active() -> None:
+    """The router registers the report's active units and waits for their readiness: one that
+    failed for good must not be among them; one still starting may yet serve."""
+    health = [
+        {"unit": "a.service", "status": 200, "state": "active"},
+        {"unit": "b.service", "status": 0, "state": "failed"},
+        {"unit": "c.service", "status": 0, "state": "activating"},
+    ]
+    active = ["a.service", "b.service", "c.service", "d.service"]
+    assert host_apply.serving(active, health) == ["a.service", "c.service", "d.service"]
+
+
 def test_wait_ends_at_its_deadline() -> None:
     def probe(url: str, unit: str, timeout: float) -> dict[str, Any]:
         return {"status": 0, "state": "activating", "restarts": 0, "journal": ""}
