@@ -20,7 +20,10 @@ transfer add to) stands in only where the router exports no prefill leg. The dec
 seconds per output token over the window: what its requests spent after their prefill leg
 (``smg_router_request_duration_seconds`` less ``smg_pd_prefill_duration_seconds``, their sums)
 over the tokens they produced (``smg_router_tokens_total{token_type="output"}``); a mean, not a
-percentile, but measured on every request.
+percentile, but measured on every request. That mean is blind to streams (SMG ends a stream's
+request duration at its first chunk, and observes its TPOT when it ends): under a growing
+backlog of streams, few end in a window, and the mean reads about 0. So when some streams did
+end, the larger of their TPOT percentile and the mean is the ``itl``.
 
 The histograms are per router, not per replica: each router's bucket increases between this
 process's scrapes, summed over the routers (one today; several behind a mesh), then
@@ -164,7 +167,15 @@ class RouterLatency:
             return Reading(0.0, "no request in the window")
         if streamed > 0 and streamed >= STREAMED_SHARE * requests:
             return _reading(client, q, f"{CLIENT_TPOT} ({streamed:.0f} streamed)")
-        return self._mean_per_token(routers, now, stale_after, streamed, requests)
+        mean = self._mean_per_token(routers, now, stale_after, streamed, requests)
+        if streamed <= 0:
+            return mean
+        # A stream's duration ends at its first chunk, so the mean misses its decoding; the few
+        # streams that ended do measure the same decode pool: the larger of the two stands.
+        few = _reading(client, q, f"{CLIENT_TPOT} ({streamed:.0f} of {requests:.0f} streamed)")
+        if few.value is None or (mean.value is not None and mean.value >= few.value):
+            return mean
+        return few
 
     def _mean_per_token(
         self, routers: set[str], now: float, stale_after: float, streamed: float, requests: float

@@ -121,6 +121,18 @@ def test_unstreamed_traffic_takes_the_prefill_leg_and_the_routers_mean_per_token
     assert "1 of 20 requests streamed" in tpot.source
 
 
+def test_a_backlog_of_streams_is_judged_on_the_streams_that_ended() -> None:
+    """Streams pile up on decode: few end in the window, so fewer than half the prefill legs
+    have a TPOT, and what the requests spent after their prefill leg says about nothing
+    (0.1 s each over 20 legs). The streams that did end say 0.2 s per token: that stands."""
+    latency = RouterLatency(window=60, min_span=5)
+    latency.add("r", 0.0, scrape([], [], []))
+    latency.add("r", 10.0, scrape([0.1] * 3, [0.2] * 3, [0.1] * 20, [0.2] * 20, 600))
+    tpot = latency.tpot({"r"}, 0.9, 10.0, 30)
+    assert tpot.value is not None and 0.1 < tpot.value <= 0.25
+    assert tpot.source == f"{CLIENT_TPOT} (3 of 20 streamed)"
+
+
 def test_no_token_counted_is_missing_data_for_the_mean() -> None:
     latency = RouterLatency(window=60, min_span=5)
     latency.add("r", 0.0, scrape([], [], []))
