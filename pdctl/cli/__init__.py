@@ -104,10 +104,19 @@ def _json_requested(argv: list[str]) -> bool:
     """Whether --json was asked for, even when parsing failed before the root ran."""
     if os.environ.get("PDCTL_JSON", "").lower() in {"1", "true", "yes", "on"}:
         return True
-    for arg in argv:
+    valued = {
+        opt
+        for param in cli.params
+        if isinstance(param, click.Option) and not (param.is_flag or param.count)
+        for opt in param.opts
+    }
+    args = iter(argv)
+    for arg in args:
         if arg == "--json":
             return True
-        if not arg.startswith("-"):
+        if arg in valued:
+            next(args, None)  # its value (`--home DIR`), not a subcommand
+        elif not arg.startswith("-"):
             return False  # global options stop at the first subcommand
     return False
 

@@ -51,6 +51,16 @@ def test_usage_error_in_json_mode_is_a_document(workspace: Path) -> None:
     assert error["kind"] == "usage" and "no-such-command" in error["message"]
 
 
+def test_an_error_in_json_mode_is_a_document_whatever_the_global_options_order(
+    workspace: Path,
+) -> None:
+    for options in (["--json", "--home", str(workspace)], ["--home", str(workspace), "--json"]):
+        proc = pdctl(workspace, *options, "status", "nothing-here", check=False)
+        assert proc.returncode == 7, options
+        assert json.loads(proc.stdout)["error"]["kind"] == "not_found", options
+        assert proc.stderr == "", options
+
+
 def test_user_error_names_the_fix(workspace: Path) -> None:
     proc = pdctl(workspace, "lab", "up", "--hosts", "2", "--cpu-hosts", "3", check=False)
     assert proc.returncode == 3

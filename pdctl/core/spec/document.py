@@ -159,6 +159,30 @@ def resolve_env(items: list[tuple[str, int | None]], path: Path, environ: Mappin
     return env
 
 
+def check_type(data: dict[str, Any], path: Path, located: Located) -> None:
+    """A dstack file of another type (a task, a dev environment, a fleet...) is named as such
+    before any of its fields is judged by a service's rules."""
+    kind = data.get("type")
+    if kind == "service":
+        return
+    line: int | None = 1
+    if kind is None:
+        problem = "missing: pdctl deploys dstack services (type: service)"
+    else:
+        short_text = isinstance(kind, str) and kind.isprintable() and len(kind) <= 40
+        shown = repr(kind) if short_text else "this value"
+        problem = f"{shown}: pdctl deploys dstack services (type: service), no other type"
+        line = located.line_of(("type",))
+    raise SpecError(
+        path,
+        line,
+        "type",
+        problem,
+        hint="write it as `type: service`, with a router group and prefill and decode groups, "
+        'as dstack\'s services.md shows under "PD disaggregation"',
+    )
+
+
 def _strip_ignored(data: dict[str, Any]) -> list[str]:
     ignored = sorted(k for k in data if k in IGNORED_DSTACK_FIELDS)
     for key in ignored:
@@ -181,6 +205,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     data = located.data
     if not isinstance(data, dict):
         raise SpecError(path, 1, None, "expected a mapping (a dstack service file)")
+    check_type(data, path, located)
     ignored = _strip_ignored(data)
     check_text(data, path, located)
     env_items = _env_items(data, path, located)

@@ -176,6 +176,20 @@ def test_unknown_top_level_field() -> None:
     assert err.message == "pd.yml:16: colour: unknown field (pdctl-only settings go under `pdctl:`)"
 
 
+def test_a_file_of_another_type_or_none_is_named_before_its_fields() -> None:
+    """A task's fields (groups, startup_order) would each be refused by a service's rules:
+    the type is the one error (its value shown only when it is short, printable text)."""
+    task = BASE.replace("type: service\n", "type: task\n") + "startup_order: workers-first\n"
+    assert error(task).message.startswith("pd.yml:1: type: 'task': pdctl deploys dstack services")
+    missing = error(BASE.replace("type: service\n", ""))
+    assert missing.message == (
+        "pd.yml:1: type: missing: pdctl deploys dstack services (type: service)"
+    )
+    odd = error('name: x\ntype: ["service\\n"]\n')
+    assert odd.message.startswith("pd.yml:2: type: this value: ")
+    assert odd.hint is not None and "type: service" in odd.hint
+
+
 def test_range_count_needs_scaling() -> None:
     text = BASE.replace("    scaling: {metric: rps, target: 2}\n", "")
     err = error(text)

@@ -17,7 +17,7 @@ import yaml
 from pdctl.core.errors import CheckFailed
 from pdctl.core.fleet_model import Fleet, FleetHost, Preflight
 from pdctl.core.plan import Plan, build, listeners
-from pdctl.core.spec import Gpu, Resources, load
+from pdctl.core.spec import Gpu, Resources, SpecError, load
 from tests.hostfacts import amd_facts, nvidia_facts
 from tests.support import assert_apart
 
@@ -81,12 +81,23 @@ def test_the_files_are_dstacks_as_published() -> None:
     assert SOURCES["repo"] == "https://github.com/dstackai/dstack"
     assert re.fullmatch(r"[0-9a-f]{40}", SOURCES["commit"])
     kept = {p.name for p in DATA.glob("*.yml")}
-    assert kept == set(SOURCES["files"])
-    for name, entry in SOURCES["files"].items():
+    assert kept == set(SOURCES["files"]) | set(SOURCES["refused"])
+    for name, entry in (SOURCES["files"] | SOURCES["refused"]).items():
         assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == entry["sha256"], name
         for page in entry["published"]:
             assert page["path"].startswith("mkdocs/") and page["path"].endswith(".md")
             assert re.fullmatch(r"\d+-\d+", page["lines"]) and page["block"]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES["refused"]))
+def test_a_published_file_of_another_type_is_refused_in_one_clear_error(name: str) -> None:
+    """dstack's P/D task (node groups wired by address) is not judged by a service's rules
+    field by field: the error names its type, first."""
+    with pytest.raises(SpecError) as refused:
+        load(DATA / name, ENV)
+    assert str(refused.value).startswith(f"{DATA / name}:1: type: 'task': ")
+    assert "pdctl deploys dstack services" in str(refused.value)
+    assert refused.value.hint is not None and "type: service" in refused.value.hint
 
 
 @pytest.mark.parametrize("name", PLANNED)
