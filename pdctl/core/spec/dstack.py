@@ -130,6 +130,18 @@ class Router(Strict):
     type: Literal["sglang"]
     pd_disaggregation: bool = True
 
+    @field_validator("type", mode="before")
+    @classmethod
+    def _smg_only(cls, value: Any) -> Any:
+        """dstack's other router (Dynamo: its own frontend, etcd and NATS) is named, not
+        listed among the allowed values as if it were a typo."""
+        if value != "sglang":
+            shown = repr(value) if isinstance(value, str) and len(value) <= 40 else "this router"
+            raise ValueError(
+                f"{shown}: pdctl runs SMG, the router of `router: {{type: sglang}}`, and no other"
+            )
+        return value
+
 
 class Probe(Strict):
     type: Literal["http"] = "http"
