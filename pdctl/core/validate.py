@@ -62,6 +62,14 @@ def describe_char(char: str) -> str:
     return names.get(char, f"the control character U+{ord(char):04X}")
 
 
+def shown(value: object, otherwise: str) -> str:
+    """A value from a file, quoted for an error message when it is short printable text;
+    else ``otherwise`` (a message never carries a file's control characters or its bulk)."""
+    if isinstance(value, str) and value.isprintable() and len(value) <= 40:
+        return repr(value)
+    return otherwise
+
+
 def walk_strings(
     data: Any, loc: tuple[str | int, ...] = ()
 ) -> Iterator[tuple[tuple[str | int, ...], str]]:

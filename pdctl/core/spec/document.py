@@ -169,9 +169,10 @@ def check_type(data: dict[str, Any], path: Path, located: Located) -> None:
     if kind is None:
         problem = "missing: pdctl deploys dstack services (type: service)"
     else:
-        short_text = isinstance(kind, str) and kind.isprintable() and len(kind) <= 40
-        shown = repr(kind) if short_text else "this value"
-        problem = f"{shown}: pdctl deploys dstack services (type: service), no other type"
+        problem = (
+            f"{validate.shown(kind, 'this value')}: pdctl deploys dstack services "
+            "(type: service), no other type"
+        )
         line = located.line_of(("type",))
     raise SpecError(
         path,

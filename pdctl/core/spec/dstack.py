@@ -136,9 +136,9 @@ class Router(Strict):
         """dstack's other router (Dynamo: its own frontend, etcd and NATS) is named, not
         listed among the allowed values as if it were a typo."""
         if value != "sglang":
-            shown = repr(value) if isinstance(value, str) and len(value) <= 40 else "this router"
             raise ValueError(
-                f"{shown}: pdctl runs SMG, the router of `router: {{type: sglang}}`, and no other"
+                f"{validate.shown(value, 'this router')}: pdctl runs SMG, the router of "
+                "`router: {type: sglang}`, and no other"
             )
         return value
 
