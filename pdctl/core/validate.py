@@ -63,9 +63,12 @@ def describe_char(char: str) -> str:
 
 
 def shown(value: object, otherwise: str) -> str:
-    """A value from a file, quoted for an error message when it is short printable text;
-    else ``otherwise`` (a message never carries a file's control characters or its bulk)."""
+    """A value from a file, written for an error message when it is a short printable text or
+    a number; else ``otherwise`` (a message never carries a file's control characters or its
+    bulk)."""
     if isinstance(value, str) and value.isprintable() and len(value) <= 40:
+        return repr(value)
+    if isinstance(value, int | float):
         return repr(value)
     return otherwise
 

@@ -159,29 +159,45 @@ def resolve_env(items: list[tuple[str, int | None]], path: Path, environ: Mappin
     return env
 
 
-def check_type(data: dict[str, Any], path: Path, located: Located) -> None:
-    """A dstack file of another type (a task, a dev environment, a fleet...) is named as such
-    before any of its fields is judged by a service's rules."""
+# What a file pdctl does not run should become instead.
+_AS_PD_SERVICE = (
+    "write it as `type: service` whose `replicas:` list a router group, a prefill group and a "
+    'decode group, as dstack\'s services.md shows under "PD disaggregation"'
+)
+
+
+def check_kind(data: dict[str, Any], path: Path, located: Located) -> None:
+    """A dstack file pdctl does not run (a task, a dev environment, a one-group service) is
+    named as such before any of its fields is judged by a P/D service's rules."""
     kind = data.get("type")
-    if kind == "service":
-        return
     line: int | None = 1
-    if kind is None:
-        problem = "missing: pdctl deploys dstack services (type: service)"
+    if kind != "service":
+        if kind is None:
+            problem = "missing: pdctl deploys dstack services (type: service)"
+        else:
+            problem = (
+                f"{validate.shown(kind, 'this value')}: pdctl deploys dstack services "
+                "(type: service), no other type"
+            )
+            line = located.line_of(("type",))
+        raise SpecError(path, line, "type", problem, hint=_AS_PD_SERVICE)
+    groups = data.get("replicas")
+    if isinstance(groups, list):
+        return
+    one_server = " (top-level `commands`: one model server)" if "commands" in data else ""
+    if groups is None:
+        problem = (
+            f"missing: this is a service of one group{one_server}; pdctl runs "
+            "Prefill/Decode services, whose `replicas:` are groups"
+        )
+        line = located.line_of(("commands",)) if one_server else 1
     else:
         problem = (
-            f"{validate.shown(kind, 'this value')}: pdctl deploys dstack services "
-            "(type: service), no other type"
+            f"{validate.shown(groups, 'this value')}: a replica count, as a service of one group"
+            f"{one_server} has; pdctl runs Prefill/Decode services, whose `replicas:` are groups"
         )
-        line = located.line_of(("type",))
-    raise SpecError(
-        path,
-        line,
-        "type",
-        problem,
-        hint="write it as `type: service`, with a router group and prefill and decode groups, "
-        'as dstack\'s services.md shows under "PD disaggregation"',
-    )
+        line = located.line_of(("replicas",))
+    raise SpecError(path, line, "replicas", problem, hint=_AS_PD_SERVICE)
 
 
 def _strip_ignored(data: dict[str, Any]) -> list[str]:
@@ -206,7 +222,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> tuple[Spec, Env]
     data = located.data
     if not isinstance(data, dict):
         raise SpecError(path, 1, None, "expected a mapping (a dstack service file)")
-    check_type(data, path, located)
+    check_kind(data, path, located)
     ignored = _strip_ignored(data)
     check_text(data, path, located)
     env_items = _env_items(data, path, located)

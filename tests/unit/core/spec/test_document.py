@@ -190,6 +190,20 @@ def test_a_file_of_another_type_or_none_is_named_before_its_fields() -> None:
     assert odd.hint is not None and "type: service" in odd.hint
 
 
+def test_a_service_of_one_group_is_named_before_its_fields() -> None:
+    """dstack's one-server service (top-level commands, a replica count): not P/D, said first,
+    not as a newline its command holds."""
+    one = "type: service\nname: x\ncommands:\n  - |\n    sglang serve \\\n      --port 30000\n"
+    missing = error(one)
+    assert missing.message.startswith("pd.yml:3: replicas: missing: this is a service of one group")
+    assert missing.hint is not None and "a prefill group and a decode group" in missing.hint
+    counted = error(one + "replicas: 1..4\n")
+    assert counted.message.startswith("pd.yml:7: replicas: '1..4': a replica count")
+    assert error("type: service\nname: x\nreplicas: 2\n").message.startswith(
+        "pd.yml:3: replicas: 2: a replica count"
+    )
+
+
 def test_range_count_needs_scaling() -> None:
     text = BASE.replace("    scaling: {metric: rps, target: 2}\n", "")
     err = error(text)

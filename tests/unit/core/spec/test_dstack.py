@@ -91,8 +91,9 @@ def test_the_files_are_dstacks_as_published() -> None:
 
 @pytest.mark.parametrize("name", sorted(SOURCES["refused"]))
 def test_a_published_file_pdctl_does_not_run_is_refused_in_one_clear_error(name: str) -> None:
-    """dstack's P/D task (node groups wired by address) and its Dynamo service: the error
-    names what pdctl does not run (the type, the router), not a field a service lacks."""
+    """dstack's P/D task (node groups wired by address), its Dynamo service and a service of
+    one model server: the error names what pdctl does not run (the type, the router, the
+    missing groups), not a field those files hold that a P/D service refuses."""
     with pytest.raises(SpecError) as refused:
         load(DATA / name, ENV)
     assert str(refused.value).startswith(f"{DATA}/{SOURCES['refused'][name]['error']}")
