@@ -137,6 +137,11 @@ class LossWatch(threading.Thread):
 
 
 def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deployment) -> None:
+    """No request sent 5 s or more after the holder's loss fails. Within those seconds (the
+    other router takes the address after about 3 missed adverts) a request waits in TCP's
+    SYN retransmission and succeeds, or, once the machine's neighbour entry for the address
+    has failed before the new holder's gratuitous ARP, fails at once with "No route to host"
+    (run A2: 13 of 97, all sent within 2.7 s of the loss): the count is not the contract."""
     status = deployed.status()
     holder = next(r["host"] for r in status["routers"] if r["state"] == "active")
     other = next(r["host"] for r in status["routers"] if r["host"] != holder)
@@ -146,45 +151,54 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     watch = LossWatch(holder, 30000)
     watch.start()
     deployed.lab.fault(deployed.nodes[holder], "power-off")
-    wait_for(lambda: watch.lost_at is not None, 30, step=0.2)
-    assert watch.lost_at is not None
-    # The other router takes the address (status may take a while: the lost host's SSH times out).
-    wait_for(lambda: deployed.routers().get(other) == "active", 90, step=2)
-    time.sleep(max(0.0, watch.lost_at + 20 - time.monotonic()))  # 15 s of load after the 5
-    sent = load.finish()
-    failed = [(round(s.at - watch.lost_at, 2), s.detail) for s in sent if not s.ok]
-    late = [f for f in failed if f[0] >= 5.0]
-    print(f"router-ha: {len(sent)} sent, {len(failed)} failed: {failed}")
-    assert not late, f"requests sent 5 s or more after the loss failed: {late}"
-    assert len(failed) <= 8, failed
-    assert deployed.routers()[holder] == "down"
+    powered_off = True
+    try:
+        wait_for(lambda: watch.lost_at is not None, 30, step=0.2)
+        assert watch.lost_at is not None
+        # The other router takes the address (status may take a while: the lost host's SSH
+        # times out).
+        wait_for(lambda: deployed.routers().get(other) == "active", 90, step=2)
+        time.sleep(max(0.0, watch.lost_at + 20 - time.monotonic()))  # 15 s of load after the 5
+        sent = load.finish()
+        failed = [(round(s.at - watch.lost_at, 2), s.detail) for s in sent if not s.ok]
+        late = [f for f in failed if f[0] >= 5.0]
+        print(f"router-ha: {len(sent)} sent, {len(failed)} failed: {failed}")
+        assert not late, f"requests sent 5 s or more after the loss failed: {late}"
+        after = [s for s in sent if s.at - watch.lost_at >= 5.0]
+        assert len(after) >= 40, len(after)  # 15 s at 4 rps went through the address
+        assert deployed.routers()[holder] == "down"
 
-    # The scaler on the new holder acts: it takes a pin (pdctl writes it to the router hosts
-    # that answer) and scales decode out; the worker is registered on its router (and on the
-    # lost one once it answers again).
-    before = deployed.workers_on(other)
-    wait_for(lambda: deployed.status()["scaler"]["running"], 60, step=2, what="the scaler acts")
-    pinned = deployed.pdctl("scale", SERVICE, "decode", "2")
-    assert pinned["applied_now"] is False, pinned  # the scaler applies it, not pdctl itself
+        # The scaler on the new holder acts: it takes a pin (pdctl writes it to the router
+        # hosts that answer) and scales decode out; the worker is registered on its router
+        # (and on the lost one once it answers again).
+        before = deployed.workers_on(other)
+        wait_for(lambda: deployed.status()["scaler"]["running"], 60, step=2, what="the scaler acts")
+        pinned = deployed.pdctl("scale", SERVICE, "decode", "2")
+        assert pinned["applied_now"] is False, pinned  # the scaler applies it, not pdctl itself
 
-    def decode_serves_two() -> bool:
-        replicas = deployed.status()["groups"]["decode"]["replicas"]
-        return sum(1 for r in replicas if r["router_status"] == "ready") == 2
+        def decode_serves_two() -> bool:
+            replicas = deployed.status()["groups"]["decode"]["replicas"]
+            return sum(1 for r in replicas if r["router_status"] == "ready") == 2
 
-    wait_for(decode_serves_two, 180, step=2)
-    added = deployed.workers_on(other) - before
-    assert len(added) == 1, added
+        wait_for(decode_serves_two, 180, step=2)
+        added = deployed.workers_on(other) - before
+        assert len(added) == 1, added
 
-    # Powered on, the host's router comes back empty: the acting scaler gives it the workers
-    # (it takes the backup's place only once it is ready).
-    deployed.lab.fault(deployed.nodes[holder], "power-on")
-    wait_for(lambda: deployed.routers().get(holder) == "backup", 180, step=2)
-    assert deployed.routers()[other] == "active"
-    started = time.monotonic()
-    wait_for(lambda: added <= deployed.workers_on(holder), 60, step=0.5)
-    took = time.monotonic() - started
-    print(f"router-ha: the returned router lists the new worker {took:.1f} s later")
-    assert deployed.workers_on(holder) == deployed.workers_on(other)
+        # Powered on, the host's router comes back empty: the acting scaler gives it the
+        # workers (it takes the backup's place only once it is ready).
+        deployed.lab.fault(deployed.nodes[holder], "power-on")
+        powered_off = False
+        wait_for(lambda: deployed.routers().get(holder) == "backup", 180, step=2)
+        assert deployed.routers()[other] == "active"
+        started = time.monotonic()
+        wait_for(lambda: added <= deployed.workers_on(holder), 60, step=0.5)
+        took = time.monotonic() - started
+        print(f"router-ha: the returned router lists the new worker {took:.1f} s later")
+        assert deployed.workers_on(holder) == deployed.workers_on(other)
+    finally:
+        load.finish()
+        if powered_off:  # failed above: the module's next tests need both routers
+            deployed.lab.fault(deployed.nodes[holder], "power-on")
 
 
 def test_a_rolling_update_of_the_routers_keeps_the_address_served(
