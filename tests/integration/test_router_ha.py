@@ -19,6 +19,7 @@ one deployment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -199,6 +200,8 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
         load.finish()
         if powered_off:  # failed above: the module's next tests need both routers
             deployed.lab.fault(deployed.nodes[holder], "power-on")
+            with contextlib.suppress(AssertionError):  # the failure above is what to report
+                wait_for(lambda: deployed.routers().get(holder) == "backup", 180, step=2)
 
 
 def test_a_rolling_update_of_the_routers_keeps_the_address_served(
