@@ -142,7 +142,8 @@ def test_losing_the_holder_costs_seconds_and_scaling_goes_on(deployed: Deploymen
     other router takes the address after about 3 missed adverts) a request waits in TCP's
     SYN retransmission and succeeds, or, once the machine's neighbour entry for the address
     has failed before the new holder's gratuitous ARP, fails at once with "No route to host"
-    (run A2: 13 of 97, all sent within 2.7 s of the loss): the count is not the contract."""
+    (once in a full suite run: 13 of 97, all sent within 2.7 s of the loss): the count is not
+    the contract."""
     status = deployed.status()
     holder = next(r["host"] for r in status["routers"] if r["state"] == "active")
     other = next(r["host"] for r in status["routers"] if r["host"] != holder)
