@@ -86,7 +86,7 @@ class File:
         return self.content is None and self.line is None
 
 
-def _path(value: Any) -> str:
+def plain_path(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
         raise RequestError(f"not an absolute path: {value!r}")
     parts = value.split("/")
@@ -101,7 +101,7 @@ def _mode(value: Any) -> int:
     return int(value, 8)
 
 
-def _unit(value: Any) -> str:
+def unit_name(value: Any) -> str:
     if not isinstance(value, str) or not UNIT.fullmatch(value):
         raise RequestError(f"not a unit name: {value!r}")
     return value
@@ -110,7 +110,7 @@ def _unit(value: Any) -> str:
 def _units(values: Any) -> list[str]:
     if not isinstance(values, list):
         raise RequestError(f"not a list of units: {values!r}")
-    return [_unit(v) for v in values]
+    return [unit_name(v) for v in values]
 
 
 def _owner(value: Any) -> str:
@@ -125,7 +125,7 @@ def _file(entry: Any) -> File:
     if not isinstance(entry, dict):
         raise RequestError(f"not a file entry: {entry!r}")
     path, mode, owner = (
-        _path(entry.get("path")),
+        plain_path(entry.get("path")),
         _mode(entry.get("mode")),
         _owner(entry.get("owner")),
     )
@@ -219,7 +219,7 @@ def _write(path: str, data: bytes, mode: int, owner: str, validate: str | None) 
             handle.flush()
             os.fsync(handle.fileno())
         if validate == "visudo":
-            checked = _run(["visudo", "-cf", temp])
+            checked = run(["visudo", "-cf", temp])
             if checked.returncode != 0:
                 raise ApplyError(
                     f"{path}: visudo refused it: {checked.stdout.strip()} {checked.stderr.strip()}"
@@ -265,7 +265,9 @@ def _users(request: dict[str, Any]) -> list[dict[str, str]]:
             raise RequestError(f"not a user entry: {entry!r}")
         name = _owner(entry.get("name"))
         shell = entry.get("shell", "/bin/sh")
-        users.append({"name": name, "home": _path(entry.get("home")), "shell": _path(shell)})
+        users.append(
+            {"name": name, "home": plain_path(entry.get("home")), "shell": plain_path(shell)}
+        )
     return users
 
 
@@ -275,7 +277,7 @@ def _dir_entries(request: dict[str, Any]) -> list[tuple[str, int, str]]:
         if not isinstance(entry, dict):
             raise RequestError(f"not a directory entry: {entry!r}")
         entries.append(
-            (_path(entry.get("path")), _mode(entry.get("mode")), _owner(entry.get("owner")))
+            (plain_path(entry.get("path")), _mode(entry.get("mode")), _owner(entry.get("owner")))
         )
     return entries
 
@@ -330,7 +332,7 @@ def changes(request: dict[str, Any], files: list[File], diff: bool) -> Changes:
 
 def converge(found: Changes) -> None:
     for user in found.users:
-        done = _run(
+        done = run(
             [
                 "useradd",
                 "--system",
@@ -355,7 +357,7 @@ def converge(found: Changes) -> None:
         _write(item.path, data, item.mode, item.owner, item.validate)
 
 
-def _run(argv: list[str], timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
+def run(argv: list[str], timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
     )
@@ -365,7 +367,7 @@ def unit_states(units: list[str]) -> dict[str, str]:
     """ActiveState of each unit; ``not-found`` for one systemd cannot load."""
     if not units:
         return {}
-    shown = _run(["systemctl", "show", "--property=Id,LoadState,ActiveState", "--", *units])
+    shown = run(["systemctl", "show", "--property=Id,LoadState,ActiveState", "--", *units])
     states = dict.fromkeys(units, "unknown")
     for block in shown.stdout.split("\n\n"):
         props = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)
@@ -377,11 +379,11 @@ def unit_states(units: list[str]) -> dict[str, str]:
 
 
 def _enabled(unit: str) -> bool:
-    return _run(["systemctl", "is-enabled", "--quiet", "--", unit]).returncode == 0
+    return run(["systemctl", "is-enabled", "--quiet", "--", unit]).returncode == 0
 
 
-def _systemctl(*args: str) -> None:
-    done = _run(
+def systemctl(*args: str) -> None:
+    done = run(
         ["systemctl", *args],
         timeout=START_TIMEOUT if args[0] in {"start", "restart"} else COMMAND_TIMEOUT,
     )
@@ -409,7 +411,7 @@ def container_labels(spec: dict[str, Any]) -> dict[str, str]:
     for key, name in containers.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
             raise RequestError(f"not a container name: {name!r}")
-        done = _run(
+        done = run(
             [
                 runtime,
                 "container",
@@ -461,7 +463,7 @@ def _wait_targets(request: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(url, str) or not re.match(r"(https?|grpc)://", url):
             raise RequestError(f"not a probe URL: {url!r}")
         name = target.get("name")
-        unit = _unit(target.get("unit"))
+        unit = unit_name(target.get("unit"))
         targets.append(
             {"unit": unit, "probe_url": url, "name": name if isinstance(name, str) else unit}
         )
@@ -488,7 +490,7 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
     restart_on = request.get("restart") or {}
     if not isinstance(restart_on, dict):
         raise RequestError(f"not a mapping of units to files: {restart_on!r}")
-    restart = {_unit(u): [_path(p) for p in paths] for u, paths in restart_on.items()}
+    restart = {unit_name(u): [plain_path(p) for p in paths] for u, paths in restart_on.items()}
     targets = _wait_targets(request)
     found = changes(request, files, diff)
     changed = found.paths
@@ -526,15 +528,15 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
     try:
         converge(found)
         if reload:
-            _systemctl("daemon-reload")
+            systemctl("daemon-reload")
         if report["reset"]:
-            _systemctl("reset-failed", "--", *report["reset"])
+            systemctl("reset-failed", "--", *report["reset"])
         if report["enabled"]:
-            _systemctl("enable", "--", *report["enabled"])
+            systemctl("enable", "--", *report["enabled"])
         if report["started"]:
-            _systemctl("start", "--", *report["started"])
+            systemctl("start", "--", *report["started"])
         if report["restarted"]:
-            _systemctl("restart", "--", *report["restarted"])
+            systemctl("restart", "--", *report["restarted"])
     except (ApplyError, OSError, subprocess.TimeoutExpired) as exc:
         report.update(failed=True, msg=str(exc))
         return report

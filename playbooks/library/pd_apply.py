@@ -1,8 +1,10 @@
 #!/usr/bin/python
 """The pd_apply module: a role's whole desired state for a host, applied in one step.
 
-It runs pdctl's host-side apply step (pdctl/onhost/host_apply.py, as the pd_onhost lookup gives
-it: argv and stdin) with the request on its stdin, and turns its report into the task's result:
+It runs one of pdctl's host-side steps (as the pd_onhost lookup gives it: argv and stdin) with
+the request on its stdin: the apply step (pdctl/onhost/host_apply.py) that converges the host,
+or the removal step (pdctl/onhost/host_remove.py) that takes a role's service off it for
+destroy. It turns the step's report into the task's result:
 changed, failed with the step's message, the diffs of the files it changed (--diff), check mode
 (--check: the step reports and changes nothing). Secret values come in ``secrets``, a no_log
 option: Ansible masks them in every output, and they reach the step on its stdin only, never in
@@ -20,20 +22,23 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: pd_apply
-short_description: Apply a role's desired state to a host in one step (pdctl's host_apply)
+short_description: Apply a role's desired state to a host in one step (pdctl's host_apply, host_remove)
 description:
   - Runs pdctl/onhost/host_apply.py on the host with O(request) (its directories, files, units to
     start, units to wait for) and returns its report. Supports check mode and diff mode.
+  - Or, with O(onhost) the removal step, pdctl/onhost/host_remove.py (the units, containers, files,
+    lines, users and addresses to take away, and what other services keep).
 options:
   onhost:
     description: >-
-      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply): argv and stdin.
+      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply or
+      pdctl.onhost.host_remove): argv and stdin.
     type: dict
     required: true
   request:
     description: >-
-      The desired state (pdctl/onhost/host_apply.py documents it); the module sets check,
-      diff and secrets in it.
+      The desired state, or what to remove (each step's module documents its request); the
+      module sets check, diff and secrets in it.
     type: dict
     required: true
   secrets:
@@ -52,21 +57,33 @@ author: pdctl
 
 RETURN = r"""
 files:
-  description: The paths changed (or that check mode would change).
+  description: The paths changed or removed (or that check mode would change or remove).
   type: list
   returned: always
 before:
   description: Each unit's ActiveState before the step.
   type: dict
-  returned: always
+  returned: by the apply step
 started:
   description: The units started (check mode, that would be).
   type: list
-  returned: always
+  returned: by the apply step
 active:
   description: The units running once the step is done (those it starts and those already running).
   type: list
-  returned: always
+  returned: by the apply step
+stopped:
+  description: The units stopped and disabled (check mode, that would be).
+  type: list
+  returned: by the removal step
+containers:
+  description: The containers removed, as "RUNTIME NAME".
+  type: list
+  returned: by the removal step
+users:
+  description: The system users removed.
+  type: list
+  returned: by the removal step
 health:
   description: Each waited unit's last probe (status, state, restarts, journal, probes).
   type: list

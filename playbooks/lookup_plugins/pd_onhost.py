@@ -73,6 +73,7 @@ def _bundle() -> ModuleType:
 ENTRIES = (
     "pdctl.onhost.hardware.preflight",
     "pdctl.onhost.host_apply",
+    "pdctl.onhost.host_remove",
     "pdctl.onhost.router_check",
     "pdctl.onhost.router_launch",
     "pdctl.onhost.router_restart",
