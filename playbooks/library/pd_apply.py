@@ -22,7 +22,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: pd_apply
-short_description: Apply a role's desired state to a host in one step (pdctl's host_apply, host_remove)
+short_description: Apply (or remove) a role's state on a host in one step (pdctl's host_apply)
 description:
   - Runs pdctl/onhost/host_apply.py on the host with O(request) (its directories, files, units to
     start, units to wait for) and returns its report. Supports check mode and diff mode.
