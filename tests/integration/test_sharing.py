@@ -153,6 +153,19 @@ def placement(plan: dict[str, Any]) -> dict[str, Any]:
 def test_destroying_b_leaves_a_serving(fleet: Fleet) -> None:
     assert fleet.pdctl("destroy", "b", "-y").returncode == 0
     fleet.answers("a")
+    # What the two shared stays for a: its scaler, its install and its access on the workers
+    # (the scaler's user, a's line of its keys, a's sudo rule), b's alone gone.
+    router = fleet.lab.ssh(
+        "node1", "systemctl is-active pd-a-scaler; ls /opt/pdctl", user="root", check=False
+    ).stdout.split()
+    assert router[0] == "active" and "scaler" in router, router
+    for node in ("node2", "node3"):
+        keys = fleet.lab.ssh(
+            node, "cat /var/lib/pdctl-scaler/.ssh/authorized_keys", user="root"
+        ).stdout
+        assert '--ssh a"' in keys and '--ssh b"' not in keys, (node, keys)
+        rules = fleet.lab.ssh(node, "ls /etc/sudoers.d", user="root").stdout.split()
+        assert "pdctl-scaler-a" in rules and "pdctl-scaler-b" not in rules, (node, rules)
     assert fleet.pdctl("destroy", "a", "-y").returncode == 0
     for node in ("node1", "node2", "node3"):
         left = fleet.lab.ssh(node, "ls /etc/systemd/system | grep -c '^pd-'", check=False)
