@@ -403,6 +403,8 @@ def main() -> None:
         report = remove(request)
     except (RequestError, ValueError) as exc:
         report = {"changed": False, "failed": True, "msg": f"refused, nothing changed: {exc}"}
+    except (ApplyError, OSError, subprocess.TimeoutExpired) as exc:  # finding what is there
+        report = {"changed": False, "failed": True, "msg": f"nothing changed: {exc}"}
     print(json.dumps(report))
 
 
