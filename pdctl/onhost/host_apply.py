@@ -557,15 +557,23 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
     return report
 
 
-def main() -> None:
+def serve(step: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Run a host-side step on the request on stdin and print its one JSON report: a request
+    out of shape, or a failure while the step reads what is there, is a report too."""
     try:
         request = json.loads(sys.stdin.read())
         if not isinstance(request, dict):
             raise RequestError("the request is not a JSON object")
-        report = apply(request, probe=unit_probe.probe)
+        report = step(request)
     except (RequestError, ValueError) as exc:
         report = {"changed": False, "failed": True, "msg": f"refused, nothing changed: {exc}"}
+    except (ApplyError, OSError, subprocess.TimeoutExpired) as exc:
+        report = {"changed": False, "failed": True, "msg": f"nothing changed: {exc}"}
     print(json.dumps(report))
+
+
+def main() -> None:
+    serve(lambda request: apply(request, probe=unit_probe.probe))
 
 
 if __name__ == "__main__":

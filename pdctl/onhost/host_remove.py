@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import json
 import pwd
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +50,7 @@ from pdctl.onhost.host_apply import (
     RequestError,
     plain_path,
     run,
+    serve,
     systemctl,
     unit_name,
 )
@@ -396,16 +395,7 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    try:
-        request = json.loads(sys.stdin.read())
-        if not isinstance(request, dict):
-            raise RequestError("the request is not a JSON object")
-        report = remove(request)
-    except (RequestError, ValueError) as exc:
-        report = {"changed": False, "failed": True, "msg": f"refused, nothing changed: {exc}"}
-    except (ApplyError, OSError, subprocess.TimeoutExpired) as exc:  # finding what is there
-        report = {"changed": False, "failed": True, "msg": f"nothing changed: {exc}"}
-    print(json.dumps(report))
+    serve(remove)
 
 
 if __name__ == "__main__":
