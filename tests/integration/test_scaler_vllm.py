@@ -176,6 +176,15 @@ class Load(threading.Thread):
             thread.join(200)
 
 
+def prompt_heavy(deployed: Deployed) -> Load:
+    """Long prompts, short answers, not streamed. 3,000 words is about 11,000 prompt tokens
+    here: one prefill carries about 0.7 requests/s (44 requests in a 20 s window at 3
+    prefills). 1.5 requests/s queues on one prefill (the TTFT the scaler must see) and drains
+    once prefill has grown; a rate past what 3 prefills carry left a backlog that each test
+    then waited out (40-95 s) as its load's requests finished."""
+    return Load(deployed, rps=1.5, words=3000, max_tokens=4)
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     require_lab()
@@ -199,7 +208,7 @@ def watch(deployed: Deployed, seconds: float, done: Any) -> tuple[dict[str, Any]
 def test_prompt_heavy_load_grows_prefill_only(deployed: Deployed) -> None:
     """Long prompts, short answers (not streamed): the prefill legs queue (SMG's
     smg_pd_prefill_duration_seconds); decode stays at 1."""
-    with Load(deployed, rps=4, words=3000, max_tokens=4) as prompts:
+    with prompt_heavy(deployed) as prompts:
         doc, seen = watch(deployed, 240, lambda d: running(d, "prefill") >= 2)
     assert all(running(d, "decode") == 1 for d in seen), [running(d, "decode") for d in seen]
     decision = doc["groups"]["prefill"]["last_decision"]
@@ -229,7 +238,7 @@ def test_advise_beside_the_acting_scaler_agrees_with_it(deployed: Deployed) -> N
     """`pdctl scaler advise` beside the acting scaler, under the same prompt-heavy load: it
     decides on the same signals and comes to the count the acting scaler keeps, and acts on
     nothing (the tick-by-tick comparison, in lockstep: tests/unit/scaler/test_advise.py)."""
-    with Load(deployed, rps=4, words=3000, max_tokens=4):
+    with prompt_heavy(deployed):
         advised = pdctl(
             deployed.lab.home, "--json", "scaler", "advise", SERVICE, "--for", "90s",
             env=deployed.env,
@@ -273,7 +282,7 @@ def test_a_scaler_deployed_to_advise_acts_on_nothing(deployed: Deployed) -> None
     spec.write_text(SPEC + "  scaling:\n    mode: advise\n")
     pdctl(deployed.lab.home, "deploy", str(spec), "--fleet", "lab", "-y", env=deployed.env)
     before = {g: running(deployed.status(), g) for g in ("prefill", "decode")}
-    with Load(deployed, rps=4, words=3000, max_tokens=4):
+    with prompt_heavy(deployed):
         wait_for(
             lambda: (
                 "advice prefill: signal=ttft" in deployed.journal()
