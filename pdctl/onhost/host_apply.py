@@ -60,8 +60,9 @@ USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 MODE = re.compile(r"0?[0-7]{3,4}")
 UNIT_DIRS = ("/etc/systemd/system/", "/usr/lib/systemd/system/", "/run/systemd/system/")
 COMMAND_TIMEOUT = 120.0  # one systemctl or runtime call
-# A start returns once the units' start jobs ran (ExecStartPre too: a container's removal).
-START_TIMEOUT = 600.0
+# A start or a stop returns once its jobs ran: ExecStartPre (a container's removal), a
+# worker's drain within its TimeoutStopSec.
+JOB_TIMEOUT = 600.0
 JOURNAL_LINES = 15
 
 Probe = Callable[[str, str, float], dict[str, Any]]
@@ -385,7 +386,7 @@ def _enabled(unit: str) -> bool:
 def systemctl(*args: str) -> None:
     done = run(
         ["systemctl", *args],
-        timeout=START_TIMEOUT if args[0] in {"start", "restart"} else COMMAND_TIMEOUT,
+        timeout=JOB_TIMEOUT if args[0] in {"start", "restart", "stop"} else COMMAND_TIMEOUT,
     )
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
