@@ -5,8 +5,9 @@ from importlib import metadata
 # The Shepherd Model Gateway (PyPI `smg`), installed in its own venv on the router host.
 SMG_VERSION = "1.13.0"
 
-# What `pdctl scaler run` imports on the router host (no Ansible there).
-SCALER_PACKAGES = ("paramiko", "pydantic", "click", "pyyaml", "rich", "prometheus-client")
+# What the scaler's code imports on the router host (no Ansible there), and nothing more: its
+# venv is made on a router host's first deploy (a test holds this equal to the bundle's imports).
+SCALER_PACKAGES = ("paramiko", "pydantic", "pyyaml", "prometheus-client")
 
 
 def scaler_requirements() -> list[str]:

@@ -78,6 +78,7 @@ ENTRIES = (
     "pdctl.onhost.router_launch",
     "pdctl.onhost.router_restart",
     "pdctl.onhost.unit_probe",
+    "pdctl.onhost.venv_install",
     "pdctl.scaler",
 )
 

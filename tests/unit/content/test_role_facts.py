@@ -8,6 +8,8 @@ import ast
 import dataclasses
 import functools
 import re
+import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import yaml
 
 from pdctl.core import layout, plan, versions
 from pdctl.core.fleet_model import PREFLIGHT_VARS, FleetSettings
-from pdctl.onhost import holdings_probe
+from pdctl.onhost import bundle, holdings_probe
 from pdctl.onhost.hardware import checks, paths, preflight
 
 REPO = Path(__file__).resolve().parents[3]
@@ -195,3 +197,16 @@ def test_the_scalers_files_have_their_own_names() -> None:
 def test_the_scaler_role_installs_what_the_scaler_imports() -> None:
     defaults = _yaml("roles/pd_scaler/defaults/main.yml")
     assert defaults["pd_scaler_packages"] == list(versions.SCALER_PACKAGES)
+    # What its bundle imports beyond the standard library, by distribution: nothing more goes
+    # into its venv (each package costs every router host's first deploy), nothing less.
+    imported = set()
+    for source in bundle.modules("pdctl.scaler").values():
+        for node in ast.walk(bundle.parse(source)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"pdctl"}
+    distributions = metadata.packages_distributions()
+    wanted = {distributions[name][0].lower().replace("_", "-") for name in third_party}
+    assert wanted == {name.lower() for name in versions.SCALER_PACKAGES}
