@@ -493,13 +493,33 @@ def logs(app: App, service: str, replica: str, follow: bool, lines: int) -> None
 @click.command()
 @click.argument("service")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Show what would be deregistered and removed on each host; change nothing.",
+)
 @pass_app
-def destroy(app: App, service: str, yes: bool) -> None:
+def destroy(app: App, service: str, yes: bool, dry_run: bool) -> None:
     """Deregister, drain, stop and remove the service; hosts are left as before."""
-    if not yes:
+    if not yes and not dry_run:
         if not sys.stdin.isatty():
-            raise InputError("refusing to destroy without confirmation", hint="pass -y")
+            raise InputError(
+                "refusing to destroy without confirmation", hint="pass -y (or --dry-run)"
+            )
         click.confirm(f"Destroy service {service}?", abort=True, err=True)
-    with app.out.progress(f"destroy {service}") as progress:
-        doc = destroys.destroy(app.session, service, progress)
-    app.out.result(doc, lambda: app.out.line(f"destroyed {service} on {', '.join(doc.hosts)}"))
+    title = f"destroy {service}" + (" (dry run)" if dry_run else "")
+    with app.out.progress(title) as progress:
+        doc = destroys.destroy(app.session, service, progress, dry_run=dry_run)
+
+    def render() -> None:
+        if not doc.dry_run:
+            app.out.line(f"destroyed {service} on {', '.join(doc.hosts)}")
+            return
+        if doc.deregistered:
+            app.out.line(f"would deregister and drain {', '.join(doc.deregistered)}")
+        for host in doc.hosts:
+            items = doc.would_remove.get(host, [])
+            app.out.line(f"{host}: would remove {len(items)}: {', '.join(items) or 'nothing'}")
+        app.out.line(f"dry run: nothing changed; `pdctl destroy {service} -y` removes it")
+
+    app.out.result(doc, render)

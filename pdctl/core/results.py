@@ -168,6 +168,10 @@ class DestroyResult(BaseModel):
     service: str
     deregistered: list[str]  # the replicas taken out of the router first
     hosts: list[str]
+    dry_run: bool = False
+    # With dry_run, per host what its removal steps would take away: "unit U", "container
+    # RUNTIME NAME", "user U", and paths.
+    would_remove: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class EndpointResult(BaseModel):

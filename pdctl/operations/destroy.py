@@ -2,7 +2,9 @@
 
 The scaler is stopped first (else it would register the workers again), each registered
 replica deregistered and drained, then destroy.yml removes the units and files; hosts where
-nothing was applied are left as they are.
+nothing was applied are left as they are. A dry run stops, deregisters and forgets nothing: it
+lists the registered replicas and runs destroy.yml in check mode, whose removal steps report
+per host what they would take away.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from pdctl.core.errors import HostError, PdctlError
 from pdctl.core.results import DestroyResult
 from pdctl.doors import inventory, runner, ssh
 from pdctl.doors import service as services
+from pdctl.doors.runner import RunSummary
 from pdctl.doors.session import Session
 
 Progress = Callable[[str], None]
 
 
-def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
+def destroy(
+    session: Session, name: str, progress: Progress, *, dry_run: bool = False
+) -> DestroyResult:
     """Undo the service on every host of its plans: the last applied one and that of a
     deploy that did not complete (hosts where nothing was applied are left as they are)."""
     workspace = session.workspace
@@ -29,19 +34,21 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
     deregistered: list[str] = []
     try:
         with services.open_handle(session, plans[0], log=progress) as handle:
-            if services.scaler_unit(handle, "stop"):  # else it would register the workers again
-                progress("stopped the scaler")
-            _release_gpus(handle, progress)
+            if not dry_run:
+                if services.scaler_unit(handle, "stop"):  # else it would register them again
+                    progress("stopped the scaler")
+                _release_gpus(handle, progress)
             listed = {worker.url for worker in handle.router.workers()}
             registered = [s for s in plans[0].slots() if s.url in listed]
-            if registered:
-                names = [slot.name for slot in registered]
+            names = [slot.name for slot in registered]
+            if names and not dry_run:
                 progress(f"deregistering and draining {', '.join(names)}")
                 handle.actuator.deregister_all(registered)
-                deregistered += names
+            deregistered = names  # with dry_run, those it would take out
     except PdctlError as exc:
         progress(f"router not reachable ({exc.message}); destroying anyway")
     hosts: set[str] = set()
+    would_remove: dict[str, list[str]] = {}
     for plan in plans:
         summary = runner.run_playbook(
             "destroy.yml",
@@ -49,6 +56,7 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
             extravars=plan.extravars(),
             progress=progress,
             forks=min(100, max(5, len(plan.hosts()))),
+            check=dry_run,
         )
         if summary.rc != 0:
             unreachable = [f"{h}: unreachable" for h in summary.unreachable()]
@@ -58,8 +66,34 @@ def destroy(session: Session, name: str, progress: Progress) -> DestroyResult:
                 hint="fix and re-run `pdctl destroy` (the service stays recorded until then)",
             )
         hosts.update(plan.hosts())
+        for host, items in _removals(summary).items():
+            would_remove.setdefault(host, [])
+            would_remove[host] += [i for i in items if i not in would_remove[host]]
+    if dry_run:
+        return DestroyResult(
+            service=name,
+            deregistered=deregistered,
+            hosts=sorted(hosts),
+            dry_run=True,
+            would_remove=would_remove,
+        )
     services.forget(workspace, name)
     return DestroyResult(service=name, deregistered=deregistered, hosts=sorted(hosts))
+
+
+def _removals(summary: RunSummary) -> dict[str, list[str]]:
+    """What each host's removal steps (the pd_apply module running host_remove) reported."""
+    found: dict[str, list[str]] = {}
+    for result in summary.results:
+        if not result.action.endswith("pd_apply") or not result.changed:
+            continue
+        res = result.res
+        items = [f"unit {unit}" for unit in res.get("stopped") or []]
+        items += [f"container {container}" for container in res.get("containers") or []]
+        items += [f"user {user}" for user in res.get("users") or []]
+        items += [str(path) for path in res.get("files") or []]
+        found.setdefault(result.host, []).extend(items)
+    return found
 
 
 LEDGER_ENTRY = "pdctl.onhost.gpu_ledger_file"  # run on the router host to release the GPUs

@@ -3,8 +3,9 @@
 
 It runs one of pdctl's host-side steps (as the pd_onhost lookup gives it: argv and stdin) with
 the request on its stdin: the apply step (pdctl/onhost/host_apply.py) that converges the host,
-or the removal step (pdctl/onhost/host_remove.py) that takes a role's service off it for
-destroy. It turns the step's report into the task's result:
+the removal step (pdctl/onhost/host_remove.py) that takes a role's service off it for
+destroy, or the venv step (pdctl/onhost/venv_install.py) that makes a venv hold its packages.
+It turns the step's report into the task's result:
 changed, failed with the step's message, the diffs of the files it changed (--diff), check mode
 (--check: the step reports and changes nothing). Secret values come in ``secrets``, a no_log
 option: Ansible masks them in every output, and they reach the step on its stdin only, never in
@@ -28,11 +29,13 @@ description:
     start, units to wait for) and returns its report. Supports check mode and diff mode.
   - Or, with O(onhost) the removal step, pdctl/onhost/host_remove.py (the units, containers, files,
     lines, users and addresses to take away, and what other services keep).
+  - Or, with O(onhost) the venv step, pdctl/onhost/venv_install.py (a venv, the interpreter that
+    makes it, its requirements and where they come from).
 options:
   onhost:
     description: >-
-      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply or
-      pdctl.onhost.host_remove): argv and stdin.
+      The step as the pd_onhost lookup gives it (pdctl.onhost.host_apply,
+      pdctl.onhost.host_remove or pdctl.onhost.venv_install): argv and stdin.
     type: dict
     required: true
   request:
@@ -84,6 +87,10 @@ users:
   description: The system users removed.
   type: list
   returned: by the removal step
+installed:
+  description: The requirements installed (check mode, that would be), none when the venv held them.
+  type: list
+  returned: by the venv step
 health:
   description: Each waited unit's last probe (status, state, restarts, journal, probes).
   type: list

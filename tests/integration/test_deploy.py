@@ -374,6 +374,20 @@ def test_a_new_image_and_a_rotated_secret_roll_with_zero_failed_requests(
     release(svc)
 
 
+def test_destroy_dry_run_names_what_would_go_and_changes_nothing(svc: Service) -> None:
+    doc = svc.json("destroy", SERVICE, "--dry-run")
+    assert doc["dry_run"] is True
+    assert {name.split("/")[0] for name in doc["deregistered"]} == {"prefill", "decode"}
+    would = doc["would_remove"]
+    assert sorted(would) == doc["hosts"] and all(would.values()), would
+    everything = [item for items in would.values() for item in items]
+    assert f"unit pd-{SERVICE}-router.service" in everything
+    assert any(i.startswith("container ") and f"pd-{SERVICE}-decode" in i for i in everything)
+    # Nothing went: the router still has its workers and answers, the workspace keeps it.
+    assert svc.chat("still here", svc.api_key())[0] == 200
+    assert (svc.lab.home / ".pdctl" / "services" / SERVICE).exists()
+
+
 def test_destroy_leaves_hosts_clean(svc: Service) -> None:
     svc.pdctl("destroy", SERVICE, "-y")
     for node in ("node1", "node2", "node3"):

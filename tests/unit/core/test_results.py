@@ -210,8 +210,14 @@ def test_status_groups_by_role() -> None:
 
 def test_destroy_result_keys() -> None:
     doc = dumped(DestroyResult(service="svc", deregistered=["decode/1"], hosts=["cpu1", "gpu1"]))
-    assert doc == {"service": "svc", "deregistered": ["decode/1"], "hosts": ["cpu1", "gpu1"]}
-    assert list(doc) == ["service", "deregistered", "hosts"]
+    assert doc == {
+        "service": "svc",
+        "deregistered": ["decode/1"],
+        "hosts": ["cpu1", "gpu1"],
+        "dry_run": False,
+        "would_remove": {},
+    }
+    assert list(doc) == ["service", "deregistered", "hosts", "dry_run", "would_remove"]
 
 
 def test_endpoint_result_has_an_api_key_only_when_asked() -> None:
