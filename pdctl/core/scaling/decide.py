@@ -11,7 +11,8 @@ Per group, in this order:
    band instead: out when the observed percentile exceeds the target by more than the
    tolerance (to HPA's proportional ceil(serving * value / target), at least one more, at
    most double the serving replicas; not while replicas it started still load, nor until
-   the serving count has held ``settle`` seconds: a latency shows new replicas late), in
+   the serving count has held ``settle`` seconds: a latency shows new replicas late; nor
+   while no request arrives: the latency is then a backlog's, measured as it ends), in
    only below ``scale_in_below`` x target, and only to a count whose estimated latency
    (value x current / fewer: latency grows with the load per replica) stays under the target
    less the tolerance, and never while requests queue (the replicas are at capacity).
@@ -324,6 +325,11 @@ def _latency(
         need = policy.clamp(math.ceil(serving * value / target - _EPSILON))
     proposal, note = current, ""
     queue_per_replica = observation.queue_per_replica
+    if serving > 0 and value > target * (1 + policy.tolerance) and observation.rps == 0:
+        # Requests measure their latency as they end: a backlog's streams, ending after the
+        # load stopped, still show it high. Nothing arrives for more replicas to serve.
+        note = "no request arrived in the window: the latency is the backlog's"
+        return _Signal(name, value, target, current, current, latency=True, note=note)
     if serving > 0 and value > target * (1 + policy.tolerance):
         # at most double the serving replicas (HPA's 100% rate): a latency holding a backlog
         # is not proportional to the load, and the new replicas' effect shows only once

@@ -487,6 +487,20 @@ def test_itl_on_decode_and_its_own_history() -> None:
     assert decision.reason == "itl 90 ms > target 60 ms (+10%): up to 2"
 
 
+def test_a_high_latency_with_no_request_arriving_scales_nothing() -> None:
+    """The streams of a backlog end, and measure their latency, after the load stopped: with
+    no request arriving in the window, there is nothing for more replicas to serve."""
+    itl = policy(metric="itl", target=0.06)
+    ended = seen(0.0, 2, latency=0.095)
+    decision, _ = decide(itl, ended, History(), NOW)
+    assert (decision.action, decision.desired, decision.recommendation) == ("hold", 2, 2)
+    assert decision.reason == (
+        "itl 95 ms vs target 60 ms: no request arrived in the window: the latency is the backlog's"
+    )
+    arriving = seen(0.2, 2, latency=0.095)  # one request in the window: it may need them
+    assert decide(itl, arriving, History(), NOW)[0].desired == 4
+
+
 def test_the_decision_names_its_signal_for_status() -> None:
     decision, _ = lat(ttft(), 0.62, 1)
     assert decision.signal_text() == "ttft 620 ms, target 500 ms"
