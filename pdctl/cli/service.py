@@ -504,7 +504,8 @@ def destroy(app: App, service: str, yes: bool, dry_run: bool) -> None:
     if not yes and not dry_run:
         if not sys.stdin.isatty():
             raise InputError(
-                "refusing to destroy without confirmation", hint="pass -y (or --dry-run)"
+                "refusing to destroy without confirmation",
+                hint="pass -y, or --dry-run to see what would go",
             )
         click.confirm(f"Destroy service {service}?", abort=True, err=True)
     title = f"destroy {service}" + (" (dry run)" if dry_run else "")

@@ -180,10 +180,16 @@ def _found(pattern: str) -> list[str]:
     return sorted(str(p) for p in Path(folder or "/").glob(last))
 
 
-def unused(rule: dict[str, Any]) -> list[str]:
-    """What ``rule``'s glob finds that no file its ``users`` glob finds uses."""
-    found = _found(rule["glob"])
-    users = _found(rule["users"])
+def _going(path: str, gone: frozenset[str]) -> bool:
+    """Whether ``path`` is, or is under, one of the paths a check run counts as removed."""
+    return any(path == g or path.startswith(g + "/") for g in gone)
+
+
+def unused(rule: dict[str, Any], gone: frozenset[str] = frozenset()) -> list[str]:
+    """What ``rule``'s glob finds that no file its ``users`` glob finds uses (in a check run,
+    ``gone``: what the run would have removed by then, counted as not there)."""
+    found = [p for p in _found(rule["glob"]) if not _going(p, gone)]
+    users = [u for u in _found(rule["users"]) if not _going(u, gone)]
     if not rule.get("named"):
         return [] if users else found
     texts = []
@@ -239,11 +245,14 @@ def _remove_path(path: str) -> None:
         target.unlink(missing_ok=True)
 
 
-def _prune(folders: list[str], check: bool) -> list[str]:
-    pruned = []
+def _prune(folders: list[str], check: bool, gone: frozenset[str] = frozenset()) -> list[str]:
+    pruned: list[str] = []
     for folder in folders:
         target = Path(folder)
-        if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+        if not target.is_dir() or target.is_symlink() or _going(folder, gone):
+            continue
+        left = [e for e in target.iterdir() if not _going(str(e), gone | set(pruned))]
+        if not left:
             if not check:
                 target.rmdir()
             pruned.append(folder)
@@ -362,17 +371,23 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:
         "addresses": [cidr for cidr, _ in held],
         "users": [],
     }
+
+    def gone() -> frozenset[str]:
+        """A check run removes nothing: what it would have removed by then counts as gone."""
+        return frozenset(report["files"]) if check else frozenset()
+
     try:
         if not check:
             _take_away(units, found_containers, edits, held, doomed + links)
-        report["files"] += _prune(todo.prune, check)
+        report["files"] += _prune(todo.prune, check, gone())
         for rule in todo.unused:
-            extra = [p for p in unused(rule) if p not in report["files"]]
+            extra = [p for p in unused(rule, gone()) if p not in report["files"]]
             if not check:
                 for path in extra:
                     _remove_path(path)
             report["files"] += extra
-        report["files"] += [p for p in _prune(todo.prune, check) if p not in report["files"]]
+        pruned = _prune(todo.prune, check, gone())
+        report["files"] += [p for p in pruned if p not in report["files"]]
         report["users"] = [
             name for name, keys in todo.users if _user_exists(name) and not _lines_left(keys, edits)
         ]

@@ -67,8 +67,8 @@ def destroy(
             )
         hosts.update(plan.hosts())
         for host, items in _removals(summary).items():
-            would_remove.setdefault(host, [])
-            would_remove[host] += [i for i in items if i not in would_remove[host]]
+            named = would_remove.setdefault(host, [])
+            named += [item for item in dict.fromkeys(items) if item not in named]
     if dry_run:
         return DestroyResult(
             service=name,

@@ -85,6 +85,19 @@ def test_the_last_service_takes_the_shared_roots_with_it(tmp_path: Path) -> None
     assert list((tree["units"] / "multi-user.target.wants").iterdir()) == []
 
 
+def test_check_mode_names_what_the_run_then_removes(tmp_path: Path) -> None:
+    """Its rules see what the run would have removed by then as gone: the venv only the
+    removed unit named, the roots that only held what goes (pdctl destroy --dry-run)."""
+    for service in ("a", "b"):  # b: the last service, with the shared roots
+        tree = host(tmp_path / service)
+        if service == "b":
+            host_remove.remove(removal(tree, "a"))
+        checked = host_remove.remove(removal(tree, service, check=True))
+        done = host_remove.remove(removal(tree, service))
+        assert sorted(checked["files"]) == sorted(done["files"]), service
+    assert {str(tree["install"] / "smg-1.12.0"), str(tree["install"])} <= set(checked["files"])
+
+
 def test_a_link_goes_not_what_it_points_to(tmp_path: Path) -> None:
     tree = host(tmp_path)
     link = tree["units"] / "multi-user.target.wants" / "pd-a-router.service"
