@@ -96,6 +96,15 @@ def plain_path(value: Any) -> str:
     return value
 
 
+def below_top(value: Any) -> str:
+    """A plain absolute path deep enough to remove (or replace) with its contents: never / nor
+    a directory right under it."""
+    path = plain_path(value)
+    if path.count("/") < 2:
+        raise RequestError(f"{path} is a top-level directory: refusing it")
+    return path
+
+
 def _mode(value: Any) -> int:
     if not isinstance(value, str) or not MODE.fullmatch(value):
         raise RequestError(f"not an octal mode: {value!r}")

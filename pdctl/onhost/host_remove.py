@@ -48,6 +48,7 @@ from pdctl.onhost.host_apply import (
     USER,
     ApplyError,
     RequestError,
+    below_top,
     plain_path,
     run,
     serve,
@@ -72,14 +73,6 @@ def _unit_pattern(value: Any) -> str:
     if isinstance(value, str) and UNIT_GLOB.fullmatch(value):
         return value
     return unit_name(value)
-
-
-def _removable(value: Any) -> str:
-    """A path whose contents go with it: never / or a directory right under it."""
-    path = plain_path(value)
-    if path.count("/") < 2:
-        raise RequestError(f"{path} is a top-level directory: refusing to remove it")
-    return path
 
 
 def _glob(value: Any) -> str:
@@ -301,7 +294,7 @@ def parse(request: dict[str, Any]) -> Removal:
     for rule in rules:
         if not isinstance(rule, dict):
             raise RequestError(f"not a rule: {rule!r}")
-        _removable(_glob(rule.get("glob"))), _glob(rule.get("users"))
+        below_top(_glob(rule.get("glob"))), _glob(rule.get("users"))
     users = []
     for entry in _list(request, "users"):
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -314,7 +307,7 @@ def parse(request: dict[str, Any]) -> Removal:
         links=plain_path(request["links"]) if request.get("links") else None,
         containers=_container_pattern(request.get("containers")),
         lines=lines,
-        paths=[_removable(p) for p in _list(request, "paths")],
+        paths=[below_top(p) for p in _list(request, "paths")],
         prune=[plain_path(p) for p in _list(request, "prune")],
         unused=rules,
         users=users,

@@ -33,7 +33,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pdctl.onhost.host_apply import ApplyError, RequestError, plain_path, serve
+from pdctl.onhost.host_apply import ApplyError, RequestError, below_top, plain_path, serve
 
 REQUIREMENT = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:==([A-Za-z0-9.+!_-]+))?")
 PYTHON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -99,13 +99,6 @@ def _python(value: Any) -> str:
     return plain_path(value)
 
 
-def _venv(value: Any) -> str:
-    path = plain_path(value)
-    if path.count("/") < 2:
-        raise RequestError(f"a venv is not made at a top-level directory: {path!r}")
-    return path
-
-
 def _run(argv: list[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     try:
@@ -157,7 +150,7 @@ def _tail(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def install(request: dict[str, Any]) -> dict[str, Any]:
-    venv = _venv(request.get("venv"))
+    venv = below_top(request.get("venv"))  # a failed install removes it again
     python = _python(request.get("python", "python3"))
     requirements = _requirements(request.get("requirements"))
     find_links = request.get("find_links")
