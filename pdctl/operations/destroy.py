@@ -46,7 +46,8 @@ def destroy(
                 handle.actuator.deregister_all(registered)
             deregistered = names  # with dry_run, those it would take out
     except PdctlError as exc:
-        progress(f"router not reachable ({exc.message}); destroying anyway")
+        anyway = "would destroy anyway" if dry_run else "destroying anyway"
+        progress(f"router not reachable ({exc.message}); {anyway}")
     hosts: set[str] = set()
     would_remove: dict[str, list[str]] = {}
     for plan in plans:
