@@ -127,7 +127,13 @@ def test_every_pair_passes_then_a_slow_link_is_named(lab: Lab) -> None:
         assert [f["peer"] for f in record["failed"]] == [slow]  # its two other pairs passed
         assert record["summary"] == f"passed but with {slow}, named as the cause"
 
-    rc, doc = check(lab, "--rails", "0", "--limit", slow, only=True)  # `clear` lifted the cap
+    # `clear` lifted the cap: its pairs pass again. Real bytes paced to the line rate: on a
+    # loaded machine a stall near a short test's end leaves it under 80 % (1,000 iterations are
+    # a quarter of a second), so a second's test, and another try should one still fall short.
+    for _ in range(3):
+        rc, doc = check(lab, "--rails", "0", "--limit", slow, run=TIMED, only=True)
+        if rc == 0:
+            break
     assert rc == 0, doc["fabric"]["summary"]
     assert len(doc["fabric"]["pairs"]) == 3
     assert records(lab)[slow]["ok"]
