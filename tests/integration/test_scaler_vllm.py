@@ -13,11 +13,13 @@ and the engines' GetLoads over gRPC.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,7 +111,13 @@ class Deployed:
 
 
 class Load(threading.Thread):
-    """Chat requests at a steady rate, each in its own thread; failures are kept."""
+    """Chat requests at a steady rate, each in its own thread; failures are kept.
+
+    `cut()` closes the connections of the requests still in flight: an answer-heavy load leaves
+    a backlog of streams that takes a minute to finish, and the router cancels a stream whose
+    client went away (its engine stops generating it), so a test that has seen what it waited
+    for need not wait them out. What ends after the cut counts as neither answered nor failed.
+    """
 
     def __init__(
         self, deployed: Deployed, rps: float, words: int, max_tokens: int, stream: bool = False
@@ -125,33 +133,40 @@ class Load(threading.Thread):
             }
         ).encode()
         self.stopping = threading.Event()
+        self.cutting = threading.Event()
         self.ok = 0
+        self.cut_off = 0
         self.failures: list[str] = []
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.in_flight: set[http.client.HTTPConnection] = set()
 
     def one(self) -> None:
-        request = urllib.request.Request(
-            f"{self.deployed.endpoint}/v1/chat/completions",
-            method="POST",
-            data=self.body,
-            headers={
-                "Content-Type": "application/json",
-                "Authorization": f"Bearer {self.deployed.key}",
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=180) as response:
-                body = response.read()
-                ok = response.status == 200 and (not self.stream or b"[DONE]" in body)
-                detail = f"{response.status} {body[-200:]!r}"
-        except urllib.error.HTTPError as exc:
-            ok, detail = False, f"{exc.code} {exc.read()[:200]!r}"
-        except OSError as exc:
-            ok, detail = False, str(exc)
+        endpoint = urllib.parse.urlsplit(self.deployed.endpoint)
+        assert endpoint.hostname is not None
+        connection = http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=180)
         with self.lock:
+            self.in_flight.add(connection)
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {self.deployed.key}",
+        }
+        try:
+            connection.request("POST", "/v1/chat/completions", body=self.body, headers=headers)
+            response = connection.getresponse()
+            body = response.read()
+            ok = response.status == 200 and (not self.stream or b"[DONE]" in body)
+            detail = f"{response.status} {body[-200:]!r}"
+        except (OSError, http.client.HTTPException) as exc:
+            ok, detail = False, str(exc)
+        finally:
+            connection.close()
+        with self.lock:
+            self.in_flight.discard(connection)
             if ok:
                 self.ok += 1
+            elif self.cutting.is_set():
+                self.cut_off += 1
             else:
                 self.failures.append(f"{time.strftime('%H:%M:%S')} {detail}")
 
@@ -164,6 +179,17 @@ class Load(threading.Thread):
             self.threads.append(thread)
             next_at += period
             self.stopping.wait(max(0.0, next_at - time.monotonic()))
+
+    def cut(self) -> None:
+        """Stop sending and close every connection still waiting for its answer."""
+        self.stopping.set()
+        self.join(5)
+        with self.lock:
+            self.cutting.set()
+            for connection in self.in_flight:
+                if connection.sock is not None:
+                    with contextlib.suppress(OSError):
+                        connection.sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> Load:
         self.start()
@@ -220,12 +246,13 @@ def test_prompt_heavy_load_grows_prefill_only(deployed: Deployed) -> None:
 def test_answer_heavy_load_grows_decode_only(deployed: Deployed) -> None:
     """Short prompts, long streamed answers: the decode streams crowd (SMG's
     smg_router_tpot_seconds); prefill returns to 1."""
-    with Load(deployed, rps=3, words=10, max_tokens=200, stream=True) as answers:
+    with Load(deployed, rps=4, words=10, max_tokens=200, stream=True) as answers:
         doc, _ = watch(
             deployed,
             420,
             lambda d: running(d, "decode") >= 2 and running(d, "prefill") == 1,
         )
+        answers.cut()  # the backlog's streams would take a minute more
     decision = doc["groups"]["decode"]["last_decision"]
     assert decision["signal"] == "itl" and decision["target"] == pytest.approx(0.06)
     assert answers.ok > 0
@@ -240,7 +267,7 @@ def test_advise_beside_the_acting_scaler_agrees_with_it(deployed: Deployed) -> N
     nothing (the tick-by-tick comparison, in lockstep: tests/unit/scaler/test_advise.py)."""
     with prompt_heavy(deployed):
         advised = pdctl(
-            deployed.lab.home, "--json", "scaler", "advise", SERVICE, "--for", "90s",
+            deployed.lab.home, "--json", "scaler", "advise", SERVICE, "--for", "45s",
             env=deployed.env,
         )  # fmt: skip
         doc = json.loads(advised.stdout)
