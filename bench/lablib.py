@@ -75,22 +75,50 @@ def cpu_busy() -> Iterator[list[float]]:
         box.append((busy2 - busy) / max(1, total2 - total))
 
 
+def ssh_clients() -> dict[tuple[int, int], float]:
+    """CPU seconds so far of each OpenSSH client running in this machine's own mount namespace
+    (the lab hosts' processes run in namespaces of their own), by (pid, start time)."""
+    own = Path("/proc/self/ns/mnt").readlink()
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[tuple[int, int], float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "ns" / "mnt").readlink() != own:
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if name != "ssh":
+            continue
+        fields = rest.split()  # proc(5): from field 3 (state) on; utime 14, stime 15, start 22
+        found[(int(entry.name), int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
 @contextmanager
 def controller_cpu() -> Iterator[list[float]]:
     """`with controller_cpu() as c: ...` then c[0] is the CPU seconds of the commands this
-    process ran and waited for meanwhile (pdctl and its Ansible, Mitogen and ssh children):
-    the controller's own work, apart from the lab hosts' (they are not its descendants)."""
+    process ran and waited for meanwhile (pdctl and its Ansible, Mitogen and ssh children),
+    and of the OpenSSH ControlPersist masters they left running: a master forks itself away
+    from the command that started it, so it is no waited child, yet it carries the encryption
+    of every later task to its host. The lab hosts' own work is left out (not descendants,
+    other namespaces). c[1] is the masters' part of c[0]."""
     box: list[float] = []
 
     def used() -> float:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    before = used()
+    before, masters = used(), ssh_clients()
     try:
         yield box
     finally:
-        box.append(used() - before)
+        # What ran meanwhile has been waited for: an ssh still running is a master.
+        left = sum(cpu - masters.get(key, 0.0) for key, cpu in ssh_clients().items())
+        box += [used() - before + left, left]
 
 
 @contextmanager

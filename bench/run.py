@@ -9,8 +9,8 @@ R = B / A (higher is better):
   shipped versus the same playbook under Ansible's defaults, at --small and at --hosts hosts.
   Each deploy starts from hosts without the worker image.
 - deploy-cpu: the controller's CPU seconds of those two first deploys at --hosts hosts (the
-  process tree of each: pdctl or ansible-playbook, their workers, ssh, Mitogen), the lab
-  hosts' own work left out.
+  process tree of each: pdctl or ansible-playbook, their workers, ssh, Mitogen, and the ssh
+  ControlPersist masters they leave running), the lab hosts' own work left out.
 - deploy-growth: how pdctl's first deploy grows with the fleet: R = (H/S)·t(S) / t(H) for
   S = --small and H = --hosts hosts (4 and 16: 4·t(4)/t(16); R = H/S means flat, 1 linear).
 - redeploy: a no-op redeploy versus the first deploy (--hosts hosts): pdctl's quick check
@@ -116,7 +116,7 @@ def timed_deploy(lab: BenchLab, spec: Path, first: bool = True) -> tuple[float, 
         doc = lab.pdctl("deploy", str(spec), "--fleet", FLEET, "-y")
     progress(
         f"deploy took {took[0]:.1f} s with the CPU {busy[0]:.0%} busy (all cores); "
-        f"the controller's share {mine[0]:.1f} CPU s"
+        f"the controller's share {mine[0]:.1f} CPU s ({mine[1]:.1f} s of it ssh masters)"
     )
     if first:
         CONTROLLER_CPU[lab.hosts] = mine[0]
@@ -129,7 +129,7 @@ def baseline_deploy(lab: BenchLab, spec: Path) -> float:
         took = baseline.deploy_with_ansible_defaults(lab, spec, OUT / f"ws-{lab.hosts}")
     progress(
         f"baseline deploy took {took:.1f} s with the CPU {busy[0]:.0%} busy (all cores); "
-        f"the controller's share {mine[0]:.1f} CPU s"
+        f"the controller's share {mine[0]:.1f} CPU s ({mine[1]:.1f} s of it ssh masters)"
     )
     BASELINE_CPU[lab.hosts] = mine[0]
     return took

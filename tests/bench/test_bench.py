@@ -6,16 +6,19 @@ machine are noise); `python bench/run.py --dry-run` builds every input they use.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bench import actions, baseline, host_loss, model_fanout, router_failover, scale_warm
-from bench.lablib import line, percentile, spec_filling
+from bench.lablib import controller_cpu, line, percentile, spec_filling
 from pdctl.core import spec
 from pdctl.core.fleet_model import Fleet, FleetSettings
 from pdctl.core.plan import build
@@ -134,3 +137,35 @@ def test_scale_out_warm_plans_the_cache_for_pdctls_service_only(tmp_path: Path) 
     assert not {"HF_HOME", "HF_HUB_OFFLINE"} & set(cold.env)
     assert not any("huggingface" in v for v in cold.volumes)
     assert "MODEL_ID" in cold.secret_names
+
+
+# As an OpenSSH ControlPersist master does: the command forks a process that detaches and lives
+# on, then returns. The detached one burns CPU, says so in a file, and waits to be killed.
+MASTER = """\
+import os, sys, time
+if os.fork():
+    sys.exit(0)
+os.setsid()
+end = time.process_time() + 0.5
+while time.process_time() < end:
+    pass
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def test_the_controllers_cpu_counts_the_ssh_master_a_command_left_running(tmp_path: Path) -> None:
+    ssh = tmp_path / "ssh"  # the process is named ssh, as the client is
+    ssh.symlink_to(sys.executable)
+    done = tmp_path / "pid"
+    try:
+        with controller_cpu() as cpu:
+            subprocess.run([str(ssh), "-c", MASTER, str(done)], check=True, timeout=30)
+            deadline = time.monotonic() + 30
+            while not done.exists() or not done.read_text():
+                assert time.monotonic() < deadline, "the detached process never finished its work"
+                time.sleep(0.05)
+        assert cpu[0] >= 0.45, cpu  # the command itself took a few hundredths
+    finally:
+        if done.exists() and done.read_text():
+            os.kill(int(done.read_text()), signal.SIGKILL)
