@@ -61,6 +61,21 @@ def check(
     return proc.returncode, json.loads(proc.stdout)
 
 
+def check_settled(
+    lab: Lab, *args: str, run: tuple[str, ...] = QUICK, only: bool = False, but: str = ""
+) -> tuple[int, dict]:
+    """check(), tried up to three times until every pair without host ``but`` passes.
+
+    The lab's links move real bytes paced to their line rate: on the loaded CI machine a stall
+    near a test's end can leave a healthy pair under 80 % of it (seen at 1.4 of 2 Gb/s). A pair
+    that fails for its link's own reason (a cap, a silent host) fails every try."""
+    for _ in range(3):
+        rc, doc = check(lab, *args, run=run, only=only)
+        if all(p["ok"] for p in doc["fabric"]["pairs"] if but not in p["hosts"]):
+            break
+    return rc, doc
+
+
 def records(lab: Lab) -> dict[str, dict | None]:
     shown = pdctl_json(lab.home, "fleet", "show", "lab")
     return {h["address"]: h["fabric"] for h in shown["hosts"]}
@@ -72,7 +87,7 @@ def test_every_pair_passes_then_a_slow_link_is_named(lab: Lab) -> None:
     cpu = next(h["address"] for h in status["hosts"] if h["kind"] == "cpu")
     assert len(gpu) == 4
 
-    rc, doc = check(lab, "--rails", "0,7")  # the first and the last NIC (rail 0 at add too)
+    rc, doc = check_settled(lab, "--rails", "0,7")  # the first and the last NIC (and at add)
     fabric = doc["fabric"]
     assert rc == 0, failures(fabric)
     assert all(h["ok"] for h in doc["hosts"])  # the preflight, perftest's check among them
@@ -127,13 +142,9 @@ def test_every_pair_passes_then_a_slow_link_is_named(lab: Lab) -> None:
         assert [f["peer"] for f in record["failed"]] == [slow]  # its two other pairs passed
         assert record["summary"] == f"passed but with {slow}, named as the cause"
 
-    # `clear` lifted the cap: its pairs pass again. Real bytes paced to the line rate: on a
-    # loaded machine a stall near a short test's end leaves it under 80 % (1,000 iterations are
-    # a quarter of a second), so a second's test, and another try should one still fall short.
-    for _ in range(3):
-        rc, doc = check(lab, "--rails", "0", "--limit", slow, run=TIMED, only=True)
-        if rc == 0:
-            break
+    # `clear` lifted the cap: its pairs pass again (a second's test: a short one is the more
+    # likely to end in a stall).
+    rc, doc = check_settled(lab, "--rails", "0", "--limit", slow, run=TIMED, only=True)
     assert rc == 0, doc["fabric"]["summary"]
     assert len(doc["fabric"]["pairs"]) == 3
     assert records(lab)[slow]["ok"]
@@ -146,7 +157,7 @@ def test_a_host_that_does_not_answer_fails_its_pairs_the_rest_go_on(lab: Lab) ->
     pdctl(lab.home, "lab", "fault", node, "sshd-down")
     try:
         # No preflight: its probe finds the host silent, and its tests fail with the reason.
-        rc, doc = check(lab, "--rails", "0", only=True)
+        rc, doc = check_settled(lab, "--rails", "0", only=True, but=gone)
     finally:
         pdctl(lab.home, "lab", "fault", node, "clear")
     assert rc == 5
