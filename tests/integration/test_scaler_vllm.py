@@ -135,16 +135,17 @@ class Load(threading.Thread):
         self.stopping = threading.Event()
         self.cutting = threading.Event()
         self.ok = 0
-        self.cut_off = 0
         self.failures: list[str] = []
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.in_flight: set[http.client.HTTPConnection] = set()
+        self.endpoint = urllib.parse.urlsplit(deployed.endpoint)
 
     def one(self) -> None:
-        endpoint = urllib.parse.urlsplit(self.deployed.endpoint)
-        assert endpoint.hostname is not None
-        connection = http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=180)
+        assert self.endpoint.hostname is not None
+        connection = http.client.HTTPConnection(
+            self.endpoint.hostname, self.endpoint.port, timeout=180
+        )
         with self.lock:
             self.in_flight.add(connection)
         headers = {
@@ -165,9 +166,7 @@ class Load(threading.Thread):
             self.in_flight.discard(connection)
             if ok:
                 self.ok += 1
-            elif self.cutting.is_set():
-                self.cut_off += 1
-            else:
+            elif not self.cutting.is_set():
                 self.failures.append(f"{time.strftime('%H:%M:%S')} {detail}")
 
     def run(self) -> None:
