@@ -25,7 +25,10 @@ TEMPLATE = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.DOTALL)
 RAW = re.compile(r"\{%-?\s*raw\s*-?%\}.*?\{%-?\s*endraw\s*-?%\}|\{#.*?#\}", re.DOTALL)
 QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 NAME = re.compile(r"(?<![\w.])(_{0,2}pd_[a-z0-9_]+)")
-TEMPLATE_LOOKUP = re.compile(r"lookup\(\s*'ansible\.builtin\.template',\s*'([^']+)'")
+# A template rendered by a lookup: the builtin's, or pd_template (the same, reading in place).
+TEMPLATE_LOOKUP = re.compile(
+    r"lookup\(\s*'(?:ansible\.builtin\.template|pd_template)',\s*'([^']+)'"
+)
 
 
 def _load(path: Path) -> Any:
