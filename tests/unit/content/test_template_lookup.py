@@ -16,8 +16,8 @@ from pdctl.doors.content import content_root
 TEMPLATE = (
     "{# a comment #}\n"
     "{% for name in names %}{{ name }}={{ group }}\n{% endfor %}"
-    "{% if plan.slots %}slots={{ plan.slots | length }}{% endif %}\n"
-    "{{ template_path | basename }}\n"  # trim_blocks: no newline after endif
+    "{% if plan.slots %}slots={{ plan.slots | length }}{% endif %}\n"  # trim_blocks eats this \n
+    "{{ template_path | basename }}\n"
 )
 
 
@@ -28,8 +28,13 @@ class _RefusesCopy(dict[str, Any]):
         raise AssertionError("the variables were deep-copied")
 
 
-def _render(name: str, variables: dict[str, Any], **options: Any) -> list[str]:
+@pytest.fixture(scope="module", autouse=True)
+def _plugins() -> None:
+    """Ansible's lookup loader finds pdctl's lookups, as ansible.cfg's lookup_plugins says."""
     lookup_loader.add_directory(str(content_root() / "playbooks" / "lookup_plugins"))
+
+
+def _render(name: str, variables: dict[str, Any], **options: Any) -> list[str]:
     loader = DataLoader()
     lookup = lookup_loader.get(
         name, loader=loader, templar=Templar(loader=loader, variables=variables)
