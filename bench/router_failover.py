@@ -16,7 +16,9 @@ for QUIET seconds, and how many requests failed in the round.
   at the power-off a person's `pdctl fleet remove --force` of the router host and `pdctl
   deploy` (the router moves to the other CPU host), counted from the power-off itself (no
   time to notice), until a request through the new endpoint succeeds (the clients learn the
-  new endpoint at once). Each baseline round runs on a fresh lab.
+  new endpoint at once). The lost host stays gone from the fleet, so the baseline runs on a
+  lab of BASELINE_CPU_HOSTS CPU hosts, one deploy, and each round loses the router's host of
+  then (no fresh lab and deploy between rounds).
 
 The result is p50 of ROUNDS rounds each way, with the failed requests of each.
 """
@@ -41,6 +43,8 @@ from pdctl.core.spec import load
 HOSTS = 4
 CPU_HOSTS = 2
 ROUNDS = 3
+# The baseline's lab: each round removes the router's host for good; one is left at the end.
+BASELINE_CPU_HOSTS = ROUNDS + 1
 SERVICE = "routerha"
 ROUND_LIMIT = 600.0  # a round that has not recovered by then fails the benchmark
 SETTLE = 180.0  # seconds to wait for both routers to serve again between rounds
@@ -82,10 +86,14 @@ def check_inputs(lab: BenchLab) -> None:
     """Both specs are valid and, on this lab's shape, the HA one plans its two routers on the
     two CPU hosts behind the address (no lab needed)."""
     address = f"10.77.0.{ADDRESS_OFFSET}"
-    load(write_spec(lab, None), lab.env)
+    theirs, their_env = load(write_spec(lab, None), lab.env)
+    gpu_hosts = [_host(f"gpu{i}", "gpu") for i in range(1, HOSTS - CPU_HOSTS + 1)]
+    last = [_host(f"cpu{BASELINE_CPU_HOSTS}", "cpu"), *gpu_hosts]  # the baseline's last round
+    single = build(theirs, their_env, Fleet(name=FLEET, hosts=last), secrets_digest="")
+    if [r.host for r in single.router.replicas] != [last[0].name]:
+        raise BenchError("router-failover: the baseline's router is not planned on its CPU host")
     service, env = load(write_spec(lab, address), lab.env)
-    hosts = [_host(f"cpu{i}", "cpu") for i in range(1, CPU_HOSTS + 1)]
-    hosts += [_host(f"gpu{i}", "gpu") for i in range(1, HOSTS - CPU_HOSTS + 1)]
+    hosts = [_host(f"cpu{i}", "cpu") for i in range(1, CPU_HOSTS + 1)] + gpu_hosts
     plan = build(service, env, Fleet(name=FLEET, hosts=hosts), secrets_digest="")
     placed = [r.host for r in plan.router.replicas]
     if placed != ["cpu1", "cpu2"] or plan.router.failover is None:
@@ -95,7 +103,7 @@ def check_inputs(lab: BenchLab) -> None:
 
 
 def _host(name: str, kind: str) -> FleetHost:
-    number = int(name[-1]) + (0 if kind == "cpu" else CPU_HOSTS)
+    number = int(name[-1]) + (0 if kind == "cpu" else BASELINE_CPU_HOSTS)
     return FleetHost(
         name=name,
         address=f"10.77.0.{10 + number}",
@@ -188,27 +196,27 @@ def measure_pdctl(lab: BenchLab, log: Callable[[str], None]) -> list[tuple[float
 
 
 def measure_baseline(lab: BenchLab, log: Callable[[str], None]) -> list[tuple[float, int]]:
+    """On a lab of BASELINE_CPU_HOSTS CPU hosts: one deploy, then each round loses the host of
+    the router, and the operator's remove + deploy moves it to the next CPU host."""
+    path = write_spec(lab, None)
+    lab.pdctl("deploy", str(path), "--fleet", FLEET, "-y")
+    doc: dict[str, Any] = lab.pdctl("endpoint", SERVICE, "--show-key")
     rounds = []
     for number in range(1, ROUNDS + 1):
-        if number > 1:
-            lab.fresh()  # the lost host is gone from the fleet: a new lab
-        path = write_spec(lab, None)
-        lab.pdctl("deploy", str(path), "--fleet", FLEET, "-y")
-        doc = lab.pdctl("endpoint", SERVICE, "--show-key")
         endpoint, key = str(doc["endpoint"]), str(doc["api_key"])
         router = str(_status(lab)["groups"]["router"]["host"])
         node = _node(lab, router)
 
-        def operator(address: str = router, path: Path = path) -> dict[str, Any]:
+        def operator(address: str = router) -> dict[str, Any]:
             lab.pdctl("fleet", "remove", FLEET, "--host", address, "--force", "-y")
             lab.pdctl("deploy", str(path), "--fleet", FLEET, "-y")
-            moved: dict[str, Any] = lab.pdctl("endpoint", SERVICE, "--show-key")
-            return moved
+            doc.update(lab.pdctl("endpoint", SERVICE, "--show-key"))  # the next round's
+            return doc
 
         took, failed = _round(lab, node, endpoint, key, operator)
         log(
-            f"router-failover: baseline round {number}: fleet remove --force + deploy: "
-            f"{took:.1f} s, {failed} failed"
+            f"router-failover: baseline round {number}: {node} off, fleet remove --force + "
+            f"deploy: {took:.1f} s, {failed} failed"
         )
         rounds.append((took, failed))
     return rounds

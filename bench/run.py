@@ -153,8 +153,20 @@ def with_lab(hosts: int, body: Callable[[BenchLab], None]) -> None:
         lab.fleet_add()
         body(lab)
     finally:
-        progress(f"lab down: {hosts} hosts")
+        progress(f"lab down: {lab.hosts} hosts")
         lab.down()
+
+
+def other_lab(lab: BenchLab, hosts: int, cpu_hosts: int) -> BenchLab:
+    """``lab`` taken down and a lab of another shape booted in its workspace, registered (the
+    caller's `finally` takes the workspace's lab down, whatever its shape)."""
+    lab.down()
+    lab.hosts, lab.cpu_hosts = hosts, cpu_hosts
+    progress(f"lab up: {hosts} hosts, {hosts - cpu_hosts} with GPUs")
+    lab.forget_services()
+    lab.up()
+    lab.fleet_add()
+    return lab
 
 
 def small_deploy(wanted: set[str], hosts: int, times: dict[str, float]) -> None:
@@ -197,20 +209,19 @@ def host_loss_bench(wanted: set[str]) -> None:
     def body(lab: BenchLab) -> None:
         progress(f"host-loss: {host_loss.ROUNDS} rounds each, {host_loss.RPS:g} rps")
         ours = host_loss.measure_pdctl(lab, progress)
-        progress(f"fresh lab: {lab.hosts} hosts")
-        lab.fresh()  # its images stay: the benchmark deploys from them, not from an archive
-        theirs = host_loss.measure_baseline(lab, progress)
+        theirs = host_loss.measure_baseline(
+            other_lab(lab, 1 + host_loss.BASELINE_GPU_HOSTS, 1), progress
+        )
         result(
             line(
                 "host-loss",
                 host_loss.p50(ours),
                 host_loss.p50(theirs),
-                lab.hosts,
+                host_loss.HOSTS,
                 f"p50 of {len(ours)} power-offs each; pdctl "
                 + ", ".join(f"{t:.1f}" for t in ours)
-                + " s; baseline (fleet remove --force + deploy) "
-                + ", ".join(f"{t:.1f}" for t in theirs)
-                + " s",
+                + f" s; baseline (fleet remove --force + deploy, {lab.hosts} hosts, one lost "
+                "a round) " + ", ".join(f"{t:.1f}" for t in theirs) + " s",
             )
         )
 
@@ -222,19 +233,21 @@ def router_failover_bench(wanted: set[str]) -> None:
     def body(lab: BenchLab) -> None:
         progress(f"router-failover: {router_failover.ROUNDS} rounds each, {host_loss.RPS:g} rps")
         ours = router_failover.measure_pdctl(lab, progress)
-        progress(f"fresh lab: {lab.hosts} hosts")
-        lab.fresh()
-        theirs = router_failover.measure_baseline(lab, progress)
+        cpu_hosts = router_failover.BASELINE_CPU_HOSTS
+        gpu_hosts = router_failover.HOSTS - router_failover.CPU_HOSTS
+        theirs = router_failover.measure_baseline(
+            other_lab(lab, cpu_hosts + gpu_hosts, cpu_hosts), progress
+        )
         result(
             line(
                 "router-failover",
                 router_failover.p50(ours),
                 router_failover.p50(theirs),
-                lab.hosts,
+                router_failover.HOSTS,
                 f"p50 of {len(ours)} power-offs each; pdctl "
                 + ", ".join(f"{t:.1f} s ({n} failed)" for t, n in ours)
-                + "; baseline (fleet remove --force + deploy) "
-                + ", ".join(f"{t:.1f} s ({n} failed)" for t, n in theirs),
+                + f"; baseline (fleet remove --force + deploy, {lab.cpu_hosts} CPU hosts, one "
+                "lost a round) " + ", ".join(f"{t:.1f} s ({n} failed)" for t, n in theirs),
             )
         )
 
