@@ -19,6 +19,7 @@ The request (JSON on stdin, after the bundle):
      "units":  [UNIT...],                   # whose ActiveState the report gives (before)
      "start":  [UNIT...],                   # started and enabled; a failed one reset first
      "restart": {UNIT: [PATH...]},          # restarted when one of its files changed
+     "restart_now": [UNIT...],              # restarted whatever changed here (its venv did)
      "labels": {"runtime", "containers": {KEY: CONTAINER}, "label"},  # config label of each
                                             # running container (a rollout's stale slots)
      "wait":  {"units": [{"unit", "probe_url", "name"?}], "timeout", "interval",
@@ -501,10 +502,11 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
     if not isinstance(restart_on, dict):
         raise RequestError(f"not a mapping of units to files: {restart_on!r}")
     restart = {unit_name(u): [plain_path(p) for p in paths] for u, paths in restart_on.items()}
+    restart_now = _units(request.get("restart_now") or [])
     targets = _wait_targets(request)
     found = changes(request, files, diff)
     changed = found.paths
-    states = unit_states(sorted(set(units) | set(start) | set(restart)))
+    states = unit_states(sorted(set(units) | set(start) | set(restart) | set(restart_now)))
     reload = any(p.startswith(UNIT_DIRS) for p in changed)
     report: dict[str, Any] = {
         "changed": False,
@@ -519,11 +521,13 @@ def apply(request: dict[str, Any], probe: Probe | None = None) -> dict[str, Any]
         # (a scaler may have started some), less those that fail the wait; what the router
         # registers.
         "active": sorted(set(start) | {u for u, state in states.items() if state == "active"}),
-        "restarted": [
+        # A unit not running yet is started with its new files, not restarted.
+        "restarted": sorted(
             u
-            for u, paths in restart.items()
-            if states.get(u) == "active" and set(paths) & set(changed)
-        ],
+            for u in set(restart) | set(restart_now)
+            if states.get(u) == "active"
+            and (u in restart_now or set(restart.get(u, [])) & set(changed))
+        ),
     }
     if diff:
         report["diff"] = found.diffs

@@ -204,6 +204,14 @@ def _wait_healthy(url: str, timeout: float = 30) -> None:
         time.sleep(0.5)
 
 
+def _scaler_run(deployment: Deployment) -> str:
+    """The scaler unit's current run (systemd's InvocationID: a new one at each start)."""
+    unit = f"pd-{SERVICE}-scaler.service"
+    run = deployment.root(deployment.router, f"systemctl show -p InvocationID --value {unit}")
+    assert run.strip(), unit
+    return run.strip()
+
+
 def _changed(run: Run) -> dict[str, int]:
     return {host: counts["changed"] for host, counts in run.recap().items()}
 
@@ -276,11 +284,13 @@ def test_first_deploy_changes_every_host_and_second_changes_nothing(
     assert set(changed) == set(deployment.plan["pd_plan_hosts"])
     assert all(count > 0 for count in changed.values()), changed
     key = deployment.api_key()
+    scaler = _scaler_run(deployment)
 
     second = deployment.playbook("deploy.yml")
     _ok(second)
     assert _changed(second) == dict.fromkeys(changed, 0), second.output[-4000:]
     assert deployment.api_key() == key  # generated once, never again
+    assert _scaler_run(deployment) == scaler  # nothing of it changed: not restarted
 
 
 def test_check_mode_on_the_converged_fleet_changes_nothing(deployment: Deployment) -> None:
@@ -477,11 +487,15 @@ def test_config_change_rolls_running_slots_one_at_a_time(deployment: Deployment)
         }
 
     assert set(labels().values()) == {old_config}  # the spare included
+    scaler = _scaler_run(deployment)
     # pd_worker_rollout=none (pdctl surges itself): the files change, running containers do not.
     quiet = deployment.playbook(
         "deploy.yml", "-e", "pd_worker_rollout=none", plan_file=changed_file
     )
     _ok(quiet)
+    # The scaler's config carries the plan's groups: its step restarted it on the new one.
+    assert _scaler_run(deployment) != scaler
+    assert new_config in deployment.root(deployment.router, f"cat {CONF}/{layout.SCALER_CONFIG}")
     assert "Restart the slot with the new config" not in quiet.output
     assert set(labels().values()) == {old_config}
     assert f"PDCTL_CONFIG={new_config}" in deployment.root(

@@ -198,11 +198,10 @@ def test_one_task_file_waits_for_health() -> None:
     waiting = sorted(str(p.relative_to(REPO)) for p in content if _includes(_load(p), "pd_health"))
     assert waiting == [
         "playbooks/scale.yml",
-        "roles/pd_router/tasks/run.yml",
-        "roles/pd_scaler/tasks/run.yml",
         "roles/pd_worker/tasks/restart.yml",
     ]
-    # The worker hosts' one step (pd_apply) waits on the host, with the same probe.
+    # The worker hosts', the router's and the scaler's one step (pd_apply) waits on the host,
+    # with the same probe.
     applying = (REPO / "pdctl/onhost/host_apply.py").read_text()
     assert "apply(request, probe=unit_probe.probe)" in applying
 

@@ -1,4 +1,4 @@
-"""The scaler's config on the router host (roles/pd_scaler/tasks/configure.yml) carries every
+"""The scaler's config on the router host (roles/pd_scaler/vars/main.yml) carries every
 plan field the scaler acts on: a field left out reaches the deployed scaler as its default
 (a budgeted service whose scaler drew from no ledger, an advising one that acted)."""
 
@@ -26,8 +26,8 @@ NOT_READ = {
 
 
 def test_the_scalers_config_carries_every_field_it_reads() -> None:
-    tasks = yaml.safe_load((REPO / "roles/pd_scaler/tasks/configure.yml").read_text())
-    carried = set(tasks[0]["vars"]["_pd_scaler_config"]["plan"])
+    role_vars = yaml.safe_load((REPO / "roles/pd_scaler/vars/main.yml").read_text())
+    carried = set(role_vars["_pd_scaler_config"]["plan"])
     wanted = {f"pd_{name}" for name in Plan.model_fields if name not in NOT_READ}
     assert wanted <= carried, sorted(wanted - carried)
     assert {"pd_scaling_mode", "pd_max_gpus", "pd_gpu_budget"} <= carried

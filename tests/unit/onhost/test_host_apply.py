@@ -270,3 +270,38 @@ def test_owners_validations_and_lines_are_checked(
     with pytest.raises(host_apply.RequestError, match=reason):
         host_apply.apply({"files": [bad]})
     assert not (tmp_path / "f").exists()
+
+
+def test_a_running_unit_restarts_when_its_files_changed_or_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision only: systemd's half (a real restart) runs in the lab's deploys, whose
+    scaler the step restarts when its config changes (tests/integration/test_playbooks.py)."""
+    states = {"pd-a.service": "active", "pd-b.service": "inactive"}
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(host_apply, "unit_states", lambda units: {u: states[u] for u in units})
+    monkeypatch.setattr(host_apply, "_enabled", lambda unit: True)
+    monkeypatch.setattr(host_apply, "systemctl", lambda *args: calls.append(args))
+    env = str(tmp_path / "etc" / "svc" / "service.env")
+    units = ["pd-a.service", "pd-b.service"]
+    on_change = {"restart": {unit: [env] for unit in units}}
+
+    first = host_apply.apply(request(tmp_path, start=units, **on_change))
+    assert first["restarted"] == ["pd-a.service"]  # b was not running: started, with the file
+    assert first["started"] == ["pd-b.service"]
+    assert ("restart", "--", "pd-a.service") in calls and ("start", "--", "pd-b.service") in calls
+
+    calls.clear()
+    states["pd-b.service"] = "active"
+    again = host_apply.apply(request(tmp_path, start=units, **on_change))
+    assert again["restarted"] == [] and not again["changed"] and calls == []
+
+    calls.clear()
+    states["pd-b.service"] = "failed"  # not running: nothing to restart
+    asked = host_apply.apply(request(tmp_path, restart_now=units, check=True, **on_change))
+    assert asked["restarted"] == ["pd-a.service"] and asked["changed"] and calls == []
+    asked = host_apply.apply(request(tmp_path, restart_now=units, **on_change))
+    assert asked["restarted"] == ["pd-a.service"] and calls == [("restart", "--", "pd-a.service")]
+
+    with pytest.raises(host_apply.RequestError):
+        host_apply.apply(request(tmp_path, restart_now=["not a unit"]))
