@@ -61,14 +61,16 @@ def api_key(env_file: str) -> str:
     return ""
 
 
+def post_workers(url: str, workers: list[dict[str, object]], key: str) -> list[tuple[str, int]]:
+    """POST each worker, with the drain the scaler's registrations have too; each one's URL and
+    the router's answer (202 registered, 409 already there, 0 no answer)."""
+    drain = {"health": {"drain_settle_secs": 2}}
+    return [(str(w.get("url")), status(f"{url}/workers", {**w, **drain}, key)) for w in workers]
+
+
 def register(url: str, workers: list[dict[str, object]], key: str) -> list[str]:
     """POST each worker (202 registered, 409 already there); the URLs the router refused."""
-    refused = []
-    for worker in workers:
-        body = {**worker, "health": {"drain_settle_secs": 2}}
-        if status(f"{url}/workers", body, key) not in {200, 201, 202, 409}:
-            refused.append(str(worker.get("url")))
-    return refused
+    return [u for u, code in post_workers(url, workers, key) if code not in {200, 201, 202, 409}]
 
 
 # A quick query (ip, systemctl is-active) answers in well under this; a stop or restart may

@@ -76,6 +76,7 @@ ENTRIES = (
     "pdctl.onhost.host_remove",
     "pdctl.onhost.router_check",
     "pdctl.onhost.router_launch",
+    "pdctl.onhost.router_register",
     "pdctl.onhost.router_restart",
     "pdctl.onhost.unit_probe",
     "pdctl.onhost.venv_install",
